@@ -1,0 +1,112 @@
+"""Command line: `onnx-remat IN.onnx OUT.onnx --budget B`, a thin layer over `onnx_remat.remat`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from onnx_remat.errors import RematError, UsageError
+from onnx_remat.passes.solve import BACKENDS
+from onnx_remat.pipeline import MODES, check_output_path, remat, write_atomically
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  internal error (a bug: please report it)
+  2  bad arguments (budget, input shape, solver, mode)
+  3  unusable input model (missing, not ONNX, truncated, fails the checker, symbolic shapes)
+  4  budget below the minimum feasible budget (the message states the minimum)
+  5  output cannot be written (exists without --force, same as input, missing directory)
+  6  the solver found no schedule in the time limit
+  130 interrupted"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-remat",
+        description="Rewrite an ONNX model so that it runs within a memory budget, recomputing what it must.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", help="the ONNX model to rewrite")
+    parser.add_argument("output", help="where to write the rewritten ONNX model")
+    parser.add_argument(
+        "--budget", required=True,
+        help="memory budget: bytes with an optional unit (512MiB, 1.5GB, 1073741824), "
+        "a percentage of keep-all (25%%), or min",
+    )
+    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME=DxDx...",
+        help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
+    )
+    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(BACKENDS)} (default highs)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS", help="stop the solver after this")
+    parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    return parser
+
+
+def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse repeated NAME=1x3x224x224 options."""
+    shapes = {}
+    for value in values:
+        name, _, dims = value.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not name or not shape or any(d <= 0 for d in shape):
+            raise UsageError(f"cannot read --input-shape {value!r}: write NAME=1x3x224x224 with positive sizes")
+        shapes[name] = shape
+    return shapes
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Check the outputs can be written, run the pipeline, write model and report."""
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise UsageError("--time-limit must be a positive number of seconds")
+    if args.solver not in BACKENDS:
+        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(BACKENDS)}")
+    shapes = parse_input_shapes(args.input_shape)
+    check_output_path(args.output, args.input, args.force)
+    if args.report:
+        check_output_path(args.report, args.input, args.force)
+    with console.status("solving", spinner="dots") as status:
+
+        def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
+            best = "-" if incumbent is None else f"{incumbent * 1e3:.3f} ms"
+            low = "-" if bound is None else f"{bound * 1e3:.3f} ms"
+            status.update(f"solving: {elapsed:.1f} s, incumbent {best}, bound {low}")
+
+        result = remat(
+            args.input, args.budget, mode=args.mode, input_shapes=shapes,
+            solver=args.solver, time_limit=args.time_limit, progress=progress,
+        )
+    check_output_path(args.output, args.input, args.force)
+    write_atomically(Path(args.output), result.model.SerializeToString())
+    if args.report:
+        write_atomically(Path(args.report), result.report.to_json().encode())
+    console.print(result.report.summary(), highlight=False)
+    console.print(f"wrote {args.output}", highlight=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True, quiet=args.quiet)
+    try:
+        run(args, console)
+    except RematError as exc:
+        print(f"onnx-remat: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("onnx-remat: interrupted; nothing written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

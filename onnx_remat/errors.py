@@ -1,0 +1,52 @@
+"""Errors a user can cause, each with the CLI exit code it maps to.
+
+The message says what was wrong and what to do; the CLI prints it as one line on stderr.
+"""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base of every user-facing error; `exit_code` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(RematError):
+    """A malformed argument: budget, input shape, solver name, option combination."""
+
+    exit_code = 2
+
+
+class ModelError(RematError):
+    """The input model cannot be used: missing, not ONNX, invalid, unsized, unsupported."""
+
+    exit_code = 3
+
+
+class InfeasibleBudgetError(RematError):
+    """The requested budget is below what any schedule needs; carries that minimum in bytes."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, minimum_bytes: int | None = None):
+        super().__init__(message)
+        self.minimum_bytes = minimum_bytes
+
+
+class OutputError(RematError):
+    """The output cannot be written where asked (exists, same as input, missing directory)."""
+
+    exit_code = 5
+
+
+class SolverError(RematError):
+    """The solver found no schedule (time limit hit before any feasible point, backend missing)."""
+
+    exit_code = 6
+
+
+class ScheduleError(RematError):
+    """A schedule failed the simulator: a bug in a solver, never a user error."""
+
+    exit_code = 7

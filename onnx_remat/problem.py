@@ -1,0 +1,79 @@
+"""The solver's problem: a DAG of operators with costs and sizes on one or more devices.
+
+Plain data, free of ONNX: the solver sees only this. Operators are numbered 0..n-1 in a
+topological order; operator i produces one output of `output_bytes[i]` bytes (all of the outputs
+of the ONNX nodes it stands for that are consumed outside it, taken together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Operators, edges, per-device costs and budgets.
+
+    - `cost[d][i]`: seconds to run operator i on device d.
+    - `workspace_bytes[i]`: transient memory while operator i runs (freed when it ends).
+    - `resident_bytes[d]`: memory held on device d for the whole run (parameters, graph inputs).
+    - `budgets[d]`: bytes device d may hold at any moment, resident memory included.
+    - `graph_outputs`: operators whose output must be held (on any device) at the end.
+    - `copy_seconds_per_byte[d][e]`: cost of moving one byte from device d to device e.
+    """
+
+    op_names: tuple[str, ...]
+    edges: tuple[tuple[int, int], ...]
+    output_bytes: tuple[int, ...]
+    cost: tuple[tuple[float, ...], ...]
+    resident_bytes: tuple[int, ...]
+    budgets: tuple[int, ...]
+    graph_outputs: tuple[int, ...]
+    devices: tuple[str, ...] = ("cpu",)
+    workspace_bytes: tuple[int, ...] = field(default=())
+    copy_seconds_per_byte: tuple[tuple[float, ...], ...] = field(default=((0.0,),))
+
+    def __post_init__(self) -> None:
+        n = len(self.op_names)
+        if not self.workspace_bytes:
+            object.__setattr__(self, "workspace_bytes", (0,) * n)
+        for name, value in (("output_bytes", self.output_bytes), ("workspace_bytes", self.workspace_bytes)):
+            if len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries for {n} operators")
+        d = len(self.devices)
+        if len(self.cost) != d or any(len(row) != n for row in self.cost):
+            raise ValueError("cost must be devices x operators")
+        if len(self.budgets) != d or len(self.resident_bytes) != d:
+            raise ValueError("budgets and resident_bytes need one entry per device")
+        for u, v in self.edges:
+            if not 0 <= u < v < n:
+                raise ValueError(f"edge ({u}, {v}) is not forward in the topological order")
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.op_names)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """predecessors[v]: the operators whose outputs v reads, ascending."""
+        preds: list[list[int]] = [[] for _ in range(self.num_ops)]
+        for u, v in self.edges:
+            preds[v].append(u)
+        return tuple(tuple(sorted(set(p))) for p in preds)
+
+    @cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        """successors[u]: the operators that read u's output, ascending."""
+        succs: list[list[int]] = [[] for _ in range(self.num_ops)]
+        for u, v in self.edges:
+            succs[u].append(v)
+        return tuple(tuple(sorted(set(s))) for s in succs)
+
+    def keep_all_bytes(self, device: int = 0) -> int:
+        """The paper's 100%: resident memory plus every operator output held at once."""
+        return self.resident_bytes[device] + sum(self.output_bytes)

@@ -1,0 +1,120 @@
+"""Load and validate an ONNX model: readable, checker-clean, concrete shapes everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from onnx_remat.errors import ModelError, UsageError
+
+
+def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
+    """Read a model from a path (or take a ModelProto) and run the ONNX checker on it."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        name = "the model"
+    else:
+        path = Path(source)
+        name = str(path)
+        if not path.is_file():
+            raise ModelError(f"input model {name} does not exist: check the path")
+        try:
+            model = onnx.load(str(path))
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise ModelError(
+                f"{name} is not a readable ONNX model ({_first_line(exc)}): is the file complete?"
+            ) from None
+    if not model.graph.node:
+        raise ModelError(f"{name} has no nodes: is it an ONNX model file?")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"{name} fails the ONNX checker: {_first_line(exc)}") from None
+    return model
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Give each graph input its concrete shape; every symbolic dimension must end up fixed."""
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
+    for name in shapes:
+        if name not in inputs:
+            raise UsageError(f"--input-shape names {name!r}, but the model's inputs are {', '.join(inputs)}")
+    for name, value in inputs.items():
+        dims = value.type.tensor_type.shape.dim
+        if name in shapes:
+            _set_shape(value, shapes[name])
+            continue
+        symbolic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
+        if symbolic:
+            example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "1" for d in dims)
+            raise ModelError(
+                f"input {name!r} has symbolic dimensions ({', '.join(symbolic)}): "
+                f"fix them with --input-shape {name}={example}"
+            )
+
+
+def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != len(shape):
+        raise UsageError(
+            f"--input-shape gives {value.name!r} {len(shape)} dimensions, but the model declares {len(dims)}"
+        )
+    for dim, size in zip(dims, shape, strict=True):
+        if dim.HasField("dim_value") and dim.dim_value != size:
+            raise UsageError(
+                f"--input-shape sets {value.name!r} to {shape}, but the model fixes that dimension at {dim.dim_value}"
+            )
+        dim.Clear()
+        dim.dim_value = size
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Run strict shape inference; every node output must get a concrete shape and type."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
+        raise ModelError(f"shape inference failed: {_first_line(exc)}") from None
+    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+    unsized = [
+        out for node in inferred.graph.node for out in node.output
+        if out and not _is_concrete(known.get(out))
+    ]
+    if unsized:
+        raise ModelError(
+            f"cannot determine the size of {len(unsized)} tensors (first: {unsized[0]!r}); "
+            "fix symbolic dimensions with --input-shape"
+        )
+    return inferred
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node a unique readable name; the rewrite and report refer to nodes by name."""
+    used = {node.name for node in model.graph.node if node.name}
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = node.name or f"{node.op_type}_{index}"
+        candidate, k = base, 1
+        while candidate in used or candidate in seen:
+            candidate, k = f"{base}_{k}", k + 1
+        node.name = candidate
+        seen.add(candidate)
+        used.add(candidate)
+
+
+def _is_concrete(value: onnx.ValueInfoProto | None) -> bool:
+    if value is None or not value.type.HasField("tensor_type"):
+        return False
+    tensor = value.type.tensor_type
+    return tensor.elem_type != 0 and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

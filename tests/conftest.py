@@ -1,0 +1,68 @@
+"""Shared fixtures: small ONNX graphs built with onnx.helper, written to temporary files."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def conv_chain(depth: int = 6, channels: int = 8, size: int = 16, batch: int | str = 1) -> onnx.ModelProto:
+    """Conv+Relu blocks in a chain: no skip, so keep-all order frees as it goes."""
+    rng = np.random.default_rng(0)
+    nodes, inits, current = [], [], "input"
+    for k in range(depth):
+        weight = (rng.standard_normal((channels, channels, 3, 3)) * (2 / (9 * channels)) ** 0.5).astype(np.float32)
+        inits.append(numpy_helper.from_array(weight, f"w{k}"))
+        nodes.append(helper.make_node("Conv", [current, f"w{k}"], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"))
+        current = f"r{k}"
+    nodes[-1].output[0] = "output"
+    shape = [batch, channels, size, size]
+    graph = helper.make_graph(
+        nodes, "conv_chain",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def skip_net(depth: int = 4, channels: int = 4, size: int = 16) -> onnx.ModelProto:
+    """A U-Net-like graph: an encoder chain whose outputs are all added back in the decoder."""
+    rng = np.random.default_rng(1)
+    nodes, inits, current, skips = [], [], "input", []
+    for k in range(depth):
+        w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32) * 0.2
+        inits.append(numpy_helper.from_array(w, f"ew{k}"))
+        nodes.append(helper.make_node("Conv", [current, f"ew{k}"], [f"e{k}"], name=f"enc{k}", pads=[1, 1, 1, 1]))
+        current = f"e{k}"
+        skips.append(current)
+    for k, skip in enumerate(reversed(skips)):
+        nodes.append(helper.make_node("Tanh", [current], [f"t{k}"], name=f"dec{k}"))
+        nodes.append(helper.make_node("Add", [f"t{k}", skip], [f"d{k}"], name=f"add{k}"))
+        current = f"d{k}"
+    nodes[-1].output[0] = "output"
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(
+        nodes, "skip_net",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.fixture
+def chain_path(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(conv_chain(), path)
+    return path
+
+
+@pytest.fixture
+def skip_path(tmp_path):
+    path = tmp_path / "skip.onnx"
+    onnx.save(skip_net(), path)
+    return path

@@ -1,0 +1,111 @@
+"""Create the backward nodes of one forward node: readable names, constants, and shared tensor helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_remat.passes.autodiff.graph_info import GraphInfo
+
+Shape = Sequence[int]
+
+
+class Names:
+    """Hands out graph-wide unique names, counting per prefix."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = taken
+        self._count: dict[str, int] = {}
+
+    def fresh(self, prefix: str) -> str:
+        """`<prefix>/<k>` for the next free k."""
+        while True:
+            k = self._count.get(prefix, 0)
+            self._count[prefix] = k + 1
+            name = f"{prefix}/{k}"
+            if name not in self._taken:
+                return self.claim(name)
+
+    def claim(self, name: str) -> str:
+        """Reserve an exact name."""
+        self._taken.add(name)
+        return name
+
+
+class Emitter:
+    """Appends nodes named `<owner>.grad/<k>` to `sink` (outputs named like the node), computing in `dtype`."""
+
+    def __init__(self, info: GraphInfo, names: Names, owner: str, sink: list[onnx.NodeProto], dtype: np.dtype) -> None:
+        self.info = info
+        self.dtype = dtype
+        self.names = names
+        self.owner = owner
+        self.sink = sink
+        self.prefix = f"{owner}.grad"
+
+    def ops(self, op_type: str, inputs: Sequence[str], n_out: int, outputs: Sequence[str] = (), **attrs) -> list[str]:
+        """Add one node with `n_out` outputs (named after the node unless given); return the output names."""
+        name = self.names.fresh(self.prefix)
+        outs = list(outputs) or ([name] if n_out == 1 else [f"{name}:{j}" for j in range(n_out)])
+        self.sink.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
+        return outs
+
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        """Add one single-output node; return its output."""
+        return self.ops(op_type, inputs, 1, **attrs)[0]
+
+    # Constants.
+
+    def const(self, value: np.ndarray) -> str:
+        """A Constant node holding `value`."""
+        return self.op("Constant", value=numpy_helper.from_array(np.asarray(value)))
+
+    def ints(self, values: Sequence[int]) -> str:
+        """A 1-D int64 constant."""
+        return self.const(np.asarray(values, dtype=np.int64))
+
+    def scalar(self, value: float) -> str:
+        """A scalar constant in the float type being differentiated."""
+        return self.const(np.asarray(value, dtype=self.dtype))
+
+    def zeros(self, shape: Shape) -> str:
+        """A zero tensor (ConstantOfShape) in the float type being differentiated."""
+        zero = numpy_helper.from_array(np.zeros(1, dtype=self.dtype))
+        return self.op("ConstantOfShape", self.ints(shape), value=zero)
+
+    # Tensor helpers used by many rules.
+
+    def reshape(self, x: str, shape: Shape) -> str:
+        """Reshape to a static shape."""
+        return self.op("Reshape", x, self.ints(shape))
+
+    def transpose(self, x: str, perm: Sequence[int]) -> str:
+        """Transpose, skipped for the identity permutation."""
+        return x if list(perm) == sorted(perm) else self.op("Transpose", x, perm=list(perm))
+
+    def reduce_sum(self, x: str, axes: Sequence[int], keepdims: bool) -> str:
+        """ReduceSum over `axes` (opset 13+: axes as an input)."""
+        return self.op("ReduceSum", x, self.ints(axes), keepdims=int(keepdims))
+
+    def reduce_mean(self, x: str, axes: Sequence[int]) -> str:
+        """ReduceMean over `axes`, keeping them (opset 17: axes as an attribute)."""
+        return self.op("ReduceMean", x, axes=list(axes), keepdims=1)
+
+    def scale(self, x: str, factor: float) -> str:
+        """x * factor, skipped for factor 1."""
+        return x if factor == 1 else self.op("Mul", x, self.scalar(factor))
+
+    def sum_to(self, g: str, g_shape: Shape, shape: Shape) -> str:
+        """Undo numpy broadcasting: sum `g` (of g_shape) over broadcast axes, then reshape to `shape`."""
+        g_shape, shape = tuple(g_shape), tuple(shape)
+        if g_shape == shape:
+            return g
+        lead = len(g_shape) - len(shape)
+        axes = [a for a in range(len(g_shape)) if a < lead or (shape[a - lead] == 1 and g_shape[a] != 1)]
+        if axes:
+            g = self.reduce_sum(g, axes, keepdims=True)
+        reduced = tuple(1 if a in axes else d for a, d in enumerate(g_shape))
+        return g if reduced == shape else self.reshape(g, shape)

@@ -1,0 +1,110 @@
+"""Ready a forward model for training: validate, name nodes, switch BatchNorm/Dropout/MaxPool to training form."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference, version_converter
+
+from onnx_remat.errors import ModelError
+from onnx_remat.passes.autodiff.graph_info import GraphInfo
+
+OPSET = 17
+IR_VERSION = 10
+TRAINING_DOMAINS = frozenset({"ai.onnx.preview.training"})
+TRAINING_OPS = frozenset({
+    "InPlaceAccumulator", "ZeroGradient", "BatchNormInternal", "SoftmaxCrossEntropyLossInternal",
+    "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "YieldOp", "SGDOptimizer", "AdamOptimizer",
+    "AdamWOptimizer", "PassThrough", "ConcatTraining",
+})
+
+
+def prepared_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy at opset 17 with every node uniquely named; ModelError if it already is a training model."""
+    model = _at_opset(model)
+    _reject_training(model)
+    taken = {n.name for n in model.graph.node if n.name}
+    seen: set[str] = set()
+    for k, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            name = f"{node.op_type}_{k}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+        seen.add(node.name)
+    return model
+
+
+def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Copy the model, converting it to the default-domain opset the rules are written for."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if versions == [OPSET]:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
+    try:
+        return version_converter.convert_version(model, OPSET)
+    except Exception as exc:  # the converter raises several types
+        raise ModelError(f"cannot convert the model from opset {versions} to {OPSET}: {exc}") from None
+
+
+def _reject_training(model: onnx.ModelProto) -> None:
+    """Refuse models with gradient outputs or training operators."""
+    grads = [o.name for o in model.graph.output if o.name.startswith("grad.")]
+    ops = sorted({f"{n.op_type} ({n.name or 'unnamed'})" for n in model.graph.node
+                  if n.domain in TRAINING_DOMAINS or n.op_type in TRAINING_OPS
+                  or (n.domain == "com.microsoft" and "Grad" in n.op_type)})
+    if grads or ops:
+        found = ", ".join([*grads, *ops])
+        raise ModelError(f"the model already contains training parts ({found}): give the forward-only model")
+
+
+def make_trainable(model: onnx.ModelProto) -> list[str]:
+    """Put BatchNorm and Dropout in training mode and give MaxPool its Indices; return running-stat outputs."""
+    stats: list[str] = []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "BatchNormalization":
+            stats += _train_batch_norm(node)
+        elif node.op_type == "Dropout":
+            _train_dropout(model.graph, node)
+        elif node.op_type == "MaxPool":
+            _fill_outputs(node, [".indices"])
+    return stats
+
+
+def _fill_outputs(node: onnx.NodeProto, suffixes: list[str]) -> list[str]:
+    """Name the node's optional outputs 1.. (`<node><suffix>`) where absent; return their names."""
+    outputs = list(node.output) + [""] * len(suffixes)
+    for k, suffix in enumerate(suffixes, start=1):
+        outputs[k] = outputs[k] or f"{node.name}{suffix}"
+    node.output[:] = outputs[: len(suffixes) + 1]
+    return outputs[1 : len(suffixes) + 1]
+
+
+def _train_batch_norm(node: onnx.NodeProto) -> list[str]:
+    """Set training_mode=1 and expose the updated running mean and variance."""
+    kept = [a for a in node.attribute if a.name != "training_mode"]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+    return _fill_outputs(node, [".running_mean_out", ".running_var_out"])
+
+
+def _train_dropout(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
+    """Feed training_mode=true and expose the mask the gradient needs."""
+    flag = f"{node.name}.training_mode"
+    graph.initializer.append(numpy_helper.from_array(np.array(True), flag))
+    inputs = list(node.input) + ["", ""]
+    node.input[:] = [inputs[0], inputs[1], flag]
+    _fill_outputs(node, [".mask"])
+
+
+def infer(model: onnx.ModelProto) -> GraphInfo:
+    """Run strict shape inference (with constant propagation) and wrap the result."""
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise ModelError(f"shape inference fails on the model: {str(exc).splitlines()[0]}") from None
+    return GraphInfo(inferred)

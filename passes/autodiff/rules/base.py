@@ -1,0 +1,26 @@
+"""The shape of a gradient rule: forward node and output gradients in, input gradients out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from onnx_remat.passes.autodiff.emitter import Emitter
+
+# dys[j]: gradient of output j (None when no gradient reaches it); needs[i]: input i wants a gradient.
+GradFn = Callable[[Emitter, onnx.NodeProto, Sequence[str | None], Sequence[bool]], dict[int, str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A gradient function and the input positions it differentiates (others are constants to it)."""
+
+    fn: GradFn
+    inputs: tuple[int, ...] | None = (0,)  # None: every input
+    outputs: int | None = 1  # how many leading outputs' gradients it uses; None: all
+
+    def differentiates(self, position: int) -> bool:
+        """Whether the rule gives a gradient for the input at `position`."""
+        return self.inputs is None or position in self.inputs

@@ -1,0 +1,169 @@
+"""Gradients of elementwise ops: broadcasting arithmetic, activations, casts, dropout."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import onnx
+
+from onnx_remat.passes.autodiff.emitter import Emitter
+from onnx_remat.passes.autodiff.graph_info import attr
+
+Grads = Sequence[str | None]
+Needs = Sequence[bool]
+
+
+def _to_inputs(e: Emitter, node: onnx.NodeProto, grads: dict[int, str], needs: Needs) -> dict[int, str]:
+    """Sum each broadcast input's gradient (shaped like the output) back to the input's shape."""
+    out_shape = e.info.shape(node.output[0])
+    return {i: e.sum_to(g, out_shape, e.info.shape(node.input[i])) for i, g in grads.items() if needs[i]}
+
+
+def add(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(a+b) = (dy, dy)."""
+    return _to_inputs(e, node, {0: dys[0], 1: dys[0]}, needs)
+
+
+def sum_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(a+b+...) = dy for every input."""
+    return _to_inputs(e, node, dict.fromkeys(range(len(node.input)), dys[0]), needs)
+
+
+def sub(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(a-b) = (dy, -dy)."""
+    grads = {0: dys[0]}
+    if needs[1]:
+        grads[1] = e.op("Neg", dys[0])
+    return _to_inputs(e, node, grads, needs)
+
+
+def mul(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(a*b) = (dy*b, dy*a)."""
+    a, b = node.input[:2]
+    grads = {i: e.op("Mul", dys[0], other) for i, other in ((0, b), (1, a)) if needs[i]}
+    return _to_inputs(e, node, grads, needs)
+
+
+def div(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(a/b) = (dy/b, -dy*y/b)."""
+    b, y = node.input[1], node.output[0]
+    da = e.op("Div", dys[0], b)
+    grads = {0: da}
+    if needs[1]:
+        grads[1] = e.op("Neg", e.op("Mul", da, y))
+    return _to_inputs(e, node, grads, needs)
+
+
+def neg(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """d(-x) = -dy."""
+    return {0: e.op("Neg", dys[0])}
+
+
+def identity(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Identity passes the gradient through."""
+    return {0: dys[0]}
+
+
+def cast(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Cast the gradient back to the input's float type."""
+    return {0: e.op("Cast", dys[0], to=e.info.dtype(node.input[0]))}
+
+
+def _mask(e: Emitter, condition: str, dy: str, otherwise: str | None = None) -> str:
+    """dy where condition holds, else `otherwise` (zero by default)."""
+    return e.op("Where", condition, dy, otherwise or e.scalar(0.0))
+
+
+def relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy where x > 0."""
+    return {0: _mask(e, e.op("Greater", node.input[0], e.scalar(0.0)), dys[0])}
+
+
+def leaky_relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy where x > 0, alpha*dy elsewhere."""
+    alpha = attr(node, "alpha", 0.01)
+    positive = e.op("Greater", node.input[0], e.scalar(0.0))
+    return {0: _mask(e, positive, dys[0], e.scale(dys[0], alpha))}
+
+
+def clip(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy where min <= x <= max (as torch.clamp)."""
+    x, bounds = node.input[0], list(node.input[1:]) + ["", ""]
+    inside = []
+    if bounds[0]:
+        inside.append(e.op("GreaterOrEqual", x, bounds[0]))
+    if bounds[1]:
+        inside.append(e.op("LessOrEqual", x, bounds[1]))
+    if not inside:
+        return {0: dys[0]}
+    condition = inside[0] if len(inside) == 1 else e.op("And", *inside)
+    return {0: _mask(e, condition, dys[0])}
+
+
+def sigmoid(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * y * (1 - y)."""
+    y = node.output[0]
+    return {0: e.op("Mul", e.op("Mul", dys[0], y), e.op("Sub", e.scalar(1.0), y))}
+
+
+def tanh(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * (1 - y^2)."""
+    y = node.output[0]
+    return {0: e.op("Mul", dys[0], e.op("Sub", e.scalar(1.0), e.op("Mul", y, y)))}
+
+
+def erf(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * 2/sqrt(pi) * exp(-x^2)."""
+    x = node.input[0]
+    bell = e.op("Exp", e.op("Neg", e.op("Mul", x, x)))
+    return {0: e.op("Mul", e.scale(dys[0], 2 / math.sqrt(math.pi)), bell)}
+
+
+def exp(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * y."""
+    return {0: e.op("Mul", dys[0], node.output[0])}
+
+
+def log(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy / x."""
+    return {0: e.op("Div", dys[0], node.input[0])}
+
+
+def sqrt(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy / (2 y)."""
+    return {0: e.op("Div", e.scale(dys[0], 0.5), node.output[0])}
+
+
+def reciprocal(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """-dy * y^2."""
+    y = node.output[0]
+    return {0: e.op("Neg", e.op("Mul", dys[0], e.op("Mul", y, y)))}
+
+
+def pow_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * p * x^(p-1) for a constant exponent p."""
+    x, p = node.input[0], e.info.static(node.input[1]).astype(e.dtype)
+    power = e.op("Pow", x, e.const(p - 1))
+    return {0: e.op("Mul", e.op("Mul", dys[0], e.const(p)), power)}
+
+
+def dropout(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy * mask / (1 - ratio), with the mask output the builder makes the forward node produce."""
+    ratio = float(e.info.static(node.input[1])) if len(node.input) > 1 and node.input[1] else 0.5
+    kept = e.op("Cast", node.output[1], to=e.info.dtype(node.input[0]))
+    return {0: e.op("Mul", e.scale(dys[0], 1 / (1 - ratio)), kept)}
+
+
+def expand(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Sum the gradient over the broadcast axes."""
+    return {0: e.sum_to(dys[0], e.info.shape(node.output[0]), e.info.shape(node.input[0]))}
+
+
+def where(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy to the branch the condition picked, zero to the other."""
+    condition, zero = node.input[0], e.scalar(0.0)
+    branches = {1: (dys[0], zero), 2: (zero, dys[0])}
+    grads = {i: e.op("Where", condition, *branches[i]) for i in (1, 2) if needs[i]}
+    return _to_inputs(e, node, grads, needs)
+

@@ -1,0 +1,86 @@
+"""Gradients of normalizations (batch statistics recomputed in the backward pass) and softmaxes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+
+from onnx_remat.passes.autodiff.emitter import Emitter
+from onnx_remat.passes.autodiff.graph_info import attr
+
+Grads = Sequence[str | None]
+Needs = Sequence[bool]
+
+
+def _normalized(e: Emitter, x: str, axes: Sequence[int], eps: float) -> tuple[str, str]:
+    """(xhat, 1/std) of x normalized over `axes` with the biased variance, axes kept."""
+    centered = e.op("Sub", x, e.reduce_mean(x, axes))
+    var = e.reduce_mean(e.op("Mul", centered, centered), axes)
+    inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", var, e.scalar(eps))))
+    return e.op("Mul", centered, inv_std), inv_std
+
+
+def _input_grad(e: Emitter, dxhat: str, xhat: str, inv_std: str, axes: Sequence[int]) -> str:
+    """dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std, means over `axes`."""
+    along = e.op("Mul", xhat, e.reduce_mean(e.op("Mul", dxhat, xhat), axes))
+    return e.op("Mul", e.op("Sub", e.op("Sub", dxhat, e.reduce_mean(dxhat, axes)), along), inv_std)
+
+
+def _channel_norm(e: Emitter, node: onnx.NodeProto, dy: str, needs: Needs, axes: Sequence[int]) -> dict[int, str]:
+    """Shared by BatchNormalization (training) and InstanceNormalization: per-channel scale and bias."""
+    x, scale = node.input[:2]
+    shape = e.info.shape(x)
+    xhat, inv_std = _normalized(e, x, axes, attr(node, "epsilon", 1e-5))
+    reduce_axes = sorted({0, *axes})
+    grads = {}
+    if needs[0]:
+        channel = (1, shape[1], *[1] * (len(shape) - 2))
+        grads[0] = _input_grad(e, e.op("Mul", dy, e.reshape(scale, channel)), xhat, inv_std, axes)
+    if needs[1]:
+        grads[1] = e.reduce_sum(e.op("Mul", dy, xhat), reduce_axes, keepdims=False)
+    if needs[2]:
+        grads[2] = e.reduce_sum(dy, reduce_axes, keepdims=False)
+    return grads
+
+
+def batch_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Training-mode BatchNormalization: statistics over batch and spatial axes."""
+    rank = len(e.info.shape(node.input[0]))
+    return _channel_norm(e, node, dys[0], needs, [0, *range(2, rank)])
+
+
+def instance_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """InstanceNormalization: statistics over spatial axes."""
+    rank = len(e.info.shape(node.input[0]))
+    return _channel_norm(e, node, dys[0], needs, list(range(2, rank)))
+
+
+def layer_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """LayerNormalization: statistics over the axes from `axis` on; scale and bias broadcast there."""
+    x, scale, dy = node.input[0], node.input[1], dys[0]
+    shape = e.info.shape(x)
+    axes = list(range(attr(node, "axis", -1) % len(shape), len(shape)))
+    xhat, inv_std = _normalized(e, x, axes, attr(node, "epsilon", 1e-5))
+    grads = {}
+    if needs[0]:
+        grads[0] = _input_grad(e, e.op("Mul", dy, scale), xhat, inv_std, axes)
+    if needs[1]:
+        grads[1] = e.sum_to(e.op("Mul", dy, xhat), shape, e.info.shape(scale))
+    if len(node.input) > 2 and needs[2]:
+        grads[2] = e.sum_to(dy, shape, e.info.shape(node.input[2]))
+    return grads
+
+
+def softmax(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dx = y * (dy - sum(dy * y))."""
+    y, axis = node.output[0], attr(node, "axis", -1)
+    dot = e.reduce_sum(e.op("Mul", dys[0], y), [axis], keepdims=True)
+    return {0: e.op("Mul", y, e.op("Sub", dys[0], dot))}
+
+
+def log_softmax(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dx = dy - exp(y) * sum(dy)."""
+    y, axis = node.output[0], attr(node, "axis", -1)
+    total = e.reduce_sum(dys[0], [axis], keepdims=True)
+    return {0: e.op("Sub", dys[0], e.op("Mul", e.op("Exp", y), total))}

@@ -1,0 +1,101 @@
+"""Gradients of pooling and reductions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnx_remat.errors import ModelError
+from onnx_remat.passes.autodiff.emitter import Emitter
+from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.rules.linear import Window, window
+
+Grads = Sequence[str | None]
+Needs = Sequence[bool]
+
+
+def max_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Scatter-add dy to the argmax positions (the Indices output the builder makes MaxPool produce)."""
+    if attr(node, "storage_order", 0):
+        raise ModelError(f"MaxPool {node.name!r}: storage_order=1 is not supported")
+    shape = e.info.shape(node.input[0])
+    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(node.output[1], [-1]),
+                e.reshape(dys[0], [-1]), axis=0, reduction="add")
+    return {0: e.reshape(flat, shape)}
+
+
+def average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Spread dy / window-size over each window: a depthwise ConvTranspose with a ones kernel."""
+    x_shape, y_shape = e.info.shape(node.input[0]), e.info.shape(node.output[0])
+    win = window(node, attr(node, "kernel_shape"), x_shape[2:])
+    divisor = _divisor(win, x_shape[2:], y_shape[2:], bool(attr(node, "count_include_pad", 0)))
+    uniform = np.all(divisor == divisor.flat[0])
+    if uniform:
+        dy = e.scale(dys[0], 1 / divisor.flat[0])
+    else:
+        dy = e.op("Mul", dys[0], e.const((1 / divisor).astype(e.dtype)))
+    channels = x_shape[1]
+    ones = e.const(np.ones((channels, 1, *win.kernel), dtype=e.dtype))
+    extra = [n - ((o - 1) * s + k - b - f) for n, o, k, s, b, f in
+             zip(x_shape[2:], y_shape[2:], win.kernel, win.strides, win.begin, win.end, strict=True)]
+    ends = [f - min(x, 0) for f, x in zip(win.end, extra, strict=True)]  # ceil_mode windows past the end
+    return {0: e.op("ConvTranspose", dy, ones, strides=list(win.strides), pads=[*win.begin, *ends],
+                    output_padding=[max(x, 0) for x in extra], group=channels)}
+
+
+def _divisor(win: Window, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
+    """Number of elements each output averages over (as torch and onnxruntime count them)."""
+    per_axis = []
+    for n, o, k, s, b, f in zip(in_sizes, out_sizes, win.kernel, win.strides, win.begin, win.end, strict=True):
+        start = np.arange(o) * s - b
+        stop = np.minimum(start + k, n + f)
+        if not include_pad:
+            start, stop = np.maximum(start, 0), np.minimum(stop, n)
+        per_axis.append((stop - start).astype(np.float64))
+    divisor = per_axis[0]
+    for counts in per_axis[1:]:
+        divisor = np.multiply.outer(divisor, counts)
+    return divisor
+
+
+def global_average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy / (spatial size), broadcast over the spatial axes."""
+    shape = e.info.shape(node.input[0])
+    return {0: e.op("Expand", e.scale(dys[0], 1 / math.prod(shape[2:])), e.ints(shape))}
+
+
+def _reduced_axes(e: Emitter, node: onnx.NodeProto) -> list[int] | None:
+    """Axes a ReduceMean/ReduceSum node reduces (None: it is the identity)."""
+    rank = len(e.info.shape(node.input[0]))
+    axes = attr(node, "axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        axes = e.info.static(node.input[1]).tolist()
+    if not axes:
+        return None if attr(node, "noop_with_empty_axes", 0) else list(range(rank))
+    return sorted(a % rank for a in axes)
+
+
+def _unreduce(e: Emitter, node: onnx.NodeProto, dy: str, mean: bool) -> str:
+    """Broadcast dy back over the reduced axes (divided by their size for a mean)."""
+    shape = e.info.shape(node.input[0])
+    axes = _reduced_axes(e, node)
+    if axes is None:
+        return dy
+    if not attr(node, "keepdims", 1):
+        dy = e.reshape(dy, [1 if a in axes else d for a, d in enumerate(shape)])
+    if mean:
+        dy = e.scale(dy, 1 / math.prod(shape[a] for a in axes))
+    return e.op("Expand", dy, e.ints(shape))
+
+
+def reduce_mean(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy / count, broadcast over the reduced axes."""
+    return {0: _unreduce(e, node, dys[0], mean=True)}
+
+
+def reduce_sum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy broadcast over the reduced axes."""
+    return {0: _unreduce(e, node, dys[0], mean=False)}

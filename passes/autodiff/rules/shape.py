@@ -1,0 +1,85 @@
+"""Gradients of data movement: reshapes, transposes, concatenation, splitting, slicing, padding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnx_remat.errors import ModelError
+from onnx_remat.passes.autodiff.emitter import Emitter
+from onnx_remat.passes.autodiff.graph_info import attr
+
+Grads = Sequence[str | None]
+Needs = Sequence[bool]
+
+
+def reshape_back(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Reshape, Flatten, Squeeze, Unsqueeze: reshape dy to the input's shape."""
+    return {0: e.reshape(dys[0], e.info.shape(node.input[0]))}
+
+
+def transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Transpose dy by the inverse permutation."""
+    rank = len(e.info.shape(node.input[0]))
+    perm = attr(node, "perm", list(reversed(range(rank))))
+    return {0: e.transpose(dys[0], np.argsort(perm).tolist())}
+
+
+def concat(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Split dy into the inputs' extents along the axis."""
+    rank = len(e.info.shape(node.output[0]))
+    axis = attr(node, "axis") % rank
+    sizes = [e.info.shape(i)[axis] for i in node.input]
+    parts = e.ops("Split", [dys[0], e.ints(sizes)], len(sizes), axis=axis)
+    return {i: part for i, part in enumerate(parts) if needs[i]}
+
+
+def split(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Concatenate the outputs' gradients (zeros where none reaches an output)."""
+    rank = len(e.info.shape(node.input[0]))
+    parts = [dy or e.zeros(e.info.shape(out)) for dy, out in zip(dys, node.output, strict=True)]
+    return {0: e.op("Concat", *parts, axis=attr(node, "axis", 0) % rank)}
+
+
+def slice_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Zero-pad dy back for unit steps; scatter it to the selected positions otherwise."""
+    shape = e.info.shape(node.input[0])
+    ranges = _slice_ranges(e, node, shape)
+    if all(r.step == 1 for r in ranges):
+        pads = [r.start for r in ranges] + [n - max(r.stop, r.start) for r, n in zip(ranges, shape, strict=True)]
+        return {0: e.op("Pad", dys[0], e.ints(pads))}
+    picked = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)[np.ix_(*[list(r) for r in ranges])]
+    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.const(picked.ravel()),
+                e.reshape(dys[0], [-1]), axis=0)
+    return {0: e.reshape(flat, shape)}
+
+
+def _slice_ranges(e: Emitter, node: onnx.NodeProto, shape: Sequence[int]) -> list[range]:
+    """Per input axis, the indices a Slice node selects (ONNX clamping follows Python's)."""
+    starts, ends = (e.info.static(node.input[i]).tolist() for i in (1, 2))
+    inputs = [*node.input, "", ""]
+    axes = e.info.static(inputs[3]).tolist() if inputs[3] else list(range(len(starts)))
+    steps = e.info.static(inputs[4]).tolist() if inputs[4] else [1] * len(starts)
+    ranges = [range(n) for n in shape]
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        ranges[axis % len(shape)] = range(*slice(start, end, step).indices(shape[axis % len(shape)]))
+    return ranges
+
+
+def pad(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Constant-mode Pad: slice away the padding (and zero-pad back what negative pads cropped)."""
+    mode = attr(node, "mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        raise ModelError(f"Pad {node.name!r}: only mode=constant has a gradient here, not {mode!r}")
+    shape = e.info.shape(node.input[0])
+    rank = len(shape)
+    pads = e.info.static(node.input[1]).tolist()
+    begin, end = pads[:rank], pads[rank:]
+    kept = [n - max(-b, 0) - max(-f, 0) for n, b, f in zip(shape, begin, end, strict=True)]
+    starts = [max(b, 0) for b in begin]
+    dx = e.op("Slice", dys[0], e.ints(starts), e.ints([s + k for s, k in zip(starts, kept, strict=True)]))
+    cropped = [max(-p, 0) for p in pads]
+    return {0: e.op("Pad", dx, e.ints(cropped)) if any(cropped) else dx}

@@ -1,0 +1,457 @@
+"""Every gradient rule on a one-node model: finite differences (float64), torch autograd, onnxruntime and OpenVINO."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import openvino as ov
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops import op_conv_transpose, op_erf
+
+from onnx_remat.errors import ModelError
+from onnx_remat.passes.autodiff import RULES, build_training_graph
+
+FD_TOLERANCE = 1e-6
+TORCH_TOLERANCE = 1e-4
+
+
+def rand(*shape: int, seed: int = 0, low: float | None = None) -> np.ndarray:
+    """Seeded float64 normal values (uniform in [low, low + 1] when low is given)."""
+    rng = np.random.default_rng(seed + 7 * len(shape) + sum(shape))
+    return rng.standard_normal(shape) if low is None else low + rng.random(shape)
+
+
+def ints(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op with inputs (float arrays are trained, others constants) and the same op in torch."""
+
+    op: str
+    inputs: Sequence[np.ndarray | None]
+    torch_fn: Callable[..., torch.Tensor | Sequence[torch.Tensor]]
+    attrs: dict = field(default_factory=dict)
+    n_out: int = 1
+    finite_differences: bool = True  # False where onnx's reference runtime lacks the op's forward
+
+    def __repr__(self) -> str:
+        shapes = [None if a is None else list(a.shape) for a in self.inputs]
+        return f"{self.op}{shapes}{self.attrs}"
+
+
+class Erf(op_erf.Erf):
+    """onnx's reference Erf computes in float32; finite differences need float64."""
+
+    def _run(self, x):
+        return (np.vectorize(math.erf, otypes=[x.dtype])(x),)
+
+
+class ConvTranspose(op_conv_transpose.ConvTranspose):
+    """onnx's reference ConvTranspose slices grouped weights wrongly: run it one group at a time."""
+
+    def _run(self, X, W, B=None, group=None, **attrs):  # noqa: N803 (the reference's names)
+        group = group or 1
+        biases = [None] * group if B is None else np.split(B, group)
+        parts = [super(ConvTranspose, self)._run(x, w, b, group=1, **attrs)[0]
+                 for x, w, b in zip(np.split(X, group, 1), np.split(W, group, 0), biases, strict=True)]
+        return (np.concatenate(parts, axis=1),)
+
+
+def reference(model: onnx.ModelProto) -> ReferenceEvaluator:
+    """onnx's numpy reference runtime, in full float64 precision and with grouped ConvTranspose fixed."""
+    return ReferenceEvaluator(model, new_ops=[Erf, ConvTranspose])
+
+
+def is_float(array: np.ndarray | None) -> bool:
+    return array is not None and array.dtype.kind == "f"
+
+
+def case_model(case: Case, dtype: type) -> onnx.ModelProto:
+    """The op on initializers, each output weighted by a fixed random probe and summed into `output`."""
+    names = ["" if a is None else f"in{i}" for i, a in enumerate(case.inputs)]
+    inits = [numpy_helper.from_array(a.astype(dtype) if is_float(a) else a, n)
+             for n, a in zip(names, case.inputs, strict=True) if a is not None]
+    outs = [f"out{j}" for j in range(case.n_out)]
+    node = helper.make_node(case.op, names, outs, name="op", **case.attrs)
+    graph = helper.make_graph([node], "case", [], [helper.make_tensor_value_info(o, 0, None) for o in outs], inits)
+    opset = [helper.make_opsetid("", 17)]
+    inferred = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opset), strict_mode=True)
+    nodes, partials = [node], []
+    for j, value in enumerate(inferred.graph.output):
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        elem = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        inits.append(numpy_helper.from_array(rand(*shape, seed=100 + j).astype(elem), f"probe{j}"))
+        nodes.append(helper.make_node("Mul", [outs[j], f"probe{j}"], [f"weighted{j}"], name=f"weigh{j}"))
+        nodes.append(helper.make_node("ReduceSum", [f"weighted{j}"], [f"part{j}"], name=f"sum{j}", keepdims=0))
+        partials.append(f"part{j}")
+    nodes.append(helper.make_node("Sum", partials, ["output"], name="total"))
+    out_type = inferred.graph.output[0].type.tensor_type.elem_type
+    graph = helper.make_graph(nodes, "case", [], [helper.make_tensor_value_info("output", out_type, [])], inits)
+    return helper.make_model(graph, opset_imports=opset, ir_version=10)
+
+
+def probes(model: onnx.ModelProto) -> list[str]:
+    return [i.name for i in model.graph.initializer if i.name.startswith("probe")]
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict | None = None) -> dict[str, np.ndarray]:
+    """All outputs of a model run by onnxruntime on CPU."""
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds or {}), strict=True))
+
+
+def run_openvino(model: onnx.ModelProto, feeds: dict | None = None) -> dict[str, np.ndarray]:
+    """All outputs of a model run by OpenVINO on CPU in f32."""
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32"})
+    results = compiled(feeds or {})
+    return {out.get_any_name(): np.asarray(results[out]) for out in compiled.outputs}
+
+
+def rel_err(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Largest absolute difference relative to the largest expected magnitude."""
+    return float(np.abs(actual - expected).max() / max(np.abs(expected).max(), 1e-12))
+
+
+def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy with some initializers replaced."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for init in copy.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return copy
+
+
+def check_finite_differences(case: Case) -> float:
+    """Directional derivatives of the float64 loss vs the training graph's gradients (onnx reference runtime)."""
+    model = case_model(case, np.float64)
+    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    got = dict(zip([o.name for o in training.model.graph.output], reference(training.model).run(None, {}),
+                   strict=True))
+    params = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    worst = 0.0
+    for k, (param, grad) in enumerate(zip(training.parameters, training.gradients, strict=True)):
+        direction = rand(*params[param].shape, seed=1000 + k)
+        step = 1e-6 * max(1.0, np.abs(params[param]).max())
+        moved = [with_initializers(training.model, {param: params[param] + sign * step * direction})
+                 for sign in (1, -1)]  # the training model: its forward is in training mode
+        up, down = (float(reference(m).run(["loss"], {})[0]) for m in moved)
+        numeric, analytic = (up - down) / (2 * step), float((got[grad] * direction).sum())
+        bound = np.linalg.norm(got[grad]) * np.linalg.norm(direction) + 1e-12
+        worst = max(worst, abs(numeric - analytic) / bound)
+    assert worst < FD_TOLERANCE, f"{case}: finite differences disagree, rel err {worst:.2e}"
+    return worst
+
+
+def torch_grads(case: Case) -> dict[str, np.ndarray]:
+    """Gradients of sum(probe_j * out_j) w.r.t. every float input, by torch autograd in float64."""
+    model = case_model(case, np.float64)
+    tensors = [None if a is None else torch.tensor(a, requires_grad=is_float(a)) for a in case.inputs]
+    outs = case.torch_fn(*tensors)
+    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    total = sum((out * torch.tensor(values[f"probe{j}"])).sum() for j, out in enumerate(outs))
+    total.backward()
+    return {f"grad.in{i}": t.grad.numpy() for i, t in enumerate(tensors) if t is not None and t.grad is not None}
+
+
+def check_runtimes(case: Case) -> float:
+    """The float32 training graph in onnxruntime and OpenVINO vs torch autograd."""
+    model = case_model(case, np.float32)
+    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    onnx.checker.check_model(training.model, full_check=True)
+    expected = torch_grads(case)
+    assert set(training.gradients) == set(expected), f"{case}: gradients {training.gradients} vs {list(expected)}"
+    worst = 0.0
+    # OpenVINO cannot load Dropout in training mode
+    for runtime in (run_ort,) if case.op == "Dropout" else (run_ort, run_openvino):
+        got = runtime(training.model)
+        for name, value in expected.items():
+            worst = max(worst, rel_err(got[name], value))
+    assert worst < TORCH_TOLERANCE, f"{case}: differs from torch by {worst:.2e}"
+    return worst
+
+
+def check(case: Case) -> None:
+    if case.finite_differences:
+        check_finite_differences(case)
+    check_runtimes(case)
+
+
+# Elementwise and broadcasting.
+
+ELEMENTWISE = [
+    Case("Add", [rand(2, 3, 4), rand(3, 1)], lambda a, b: a + b),
+    Case("Sub", [rand(2, 1, 4), rand(3, 4)], lambda a, b: a - b),
+    Case("Sum", [rand(2, 3, 4), rand(3, 1), rand(4)], lambda a, b, c: a + b + c),
+    Case("Mul", [rand(2, 3, 4), rand(4)], lambda a, b: a * b),
+    Case("Div", [rand(2, 3), rand(2, 1, low=1.0)], lambda a, b: a / b),
+    Case("Neg", [rand(3, 4)], lambda a: -a),
+    Case("Relu", [rand(3, 4)], F.relu),
+    Case("LeakyRelu", [rand(3, 4)], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}),
+    Case("Sigmoid", [rand(3, 4)], torch.sigmoid),
+    Case("Tanh", [rand(3, 4)], torch.tanh),
+    Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], lambda a, lo, hi: a.clamp(lo.item(), hi.item())),
+    Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi.item())),
+    Case("Erf", [rand(3, 4)], torch.erf),
+    Case("Exp", [rand(3, 4)], torch.exp),
+    Case("Log", [rand(3, 4, low=0.5)], torch.log),
+    Case("Sqrt", [rand(3, 4, low=0.5)], torch.sqrt),
+    Case("Reciprocal", [rand(3, 4, low=0.5)], torch.reciprocal),
+    Case("Pow", [rand(3, 4, low=0.5), np.array(3.0)], lambda a, p: a ** p.item()),
+    Case("Identity", [rand(3, 4)], lambda a: a),
+    Case("Cast", [rand(3, 4)], lambda a: a, {"to": TensorProto.DOUBLE}),
+    Case("Where", [rand(3, 4) > 0, rand(3, 4), rand(4)], torch.where),
+    Case("Expand", [rand(3, 1), ints(2, 3, 4)], lambda a, s: a.expand(2, 3, 4)),
+    Case("Dropout", [rand(3, 4), np.array(0.0)], lambda a, r: a),
+]
+
+
+@pytest.mark.parametrize("case", ELEMENTWISE, ids=repr)
+def test_elementwise(case: Case) -> None:
+    check(case)
+
+
+# Linear algebra.
+
+def gemm_torch(alpha: float, beta: float, ta: int, tb: int) -> Callable[..., torch.Tensor]:
+    def fn(a, b, c=None):
+        out = alpha * (a.T if ta else a) @ (b.T if tb else b)
+        return out if c is None else out + beta * c
+    return fn
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ta=st.integers(0, 1), tb=st.integers(0, 1), c_shape=st.sampled_from([None, (3, 5), (5,), (1, 5), (3, 1)]),
+       alpha=st.sampled_from([1.0, 0.5]), beta=st.sampled_from([1.0, 2.0]))
+def test_gemm(ta: int, tb: int, c_shape: tuple[int, ...] | None, alpha: float, beta: float) -> None:
+    a = rand(4, 3) if ta else rand(3, 4)
+    b = rand(5, 4) if tb else rand(4, 5)
+    inputs = [a, b] + ([] if c_shape is None else [rand(*c_shape, seed=3)])
+    attrs = {"alpha": alpha, "beta": beta, "transA": ta, "transB": tb}
+    check(Case("Gemm", inputs, gemm_torch(alpha, beta, ta, tb), attrs))
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (4, 5)), ((4,), (2, 4, 5)), ((3, 4), (4,)), ((4,), (4,)),
+                                    ((2, 1, 3, 4), (5, 4, 2)), ((3, 4), (2, 4, 2))], ids=str)
+def test_matmul(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    check(Case("MatMul", [rand(*shapes[0]), rand(*shapes[1], seed=1)], torch.matmul))
+
+
+def conv_torch(rank: int, stride, pads, dilation, group: int, transpose: bool = False, out_pad=None):
+    """torch conv(-transpose) with ONNX-style (possibly asymmetric) pads."""
+    conv = [F.conv1d, F.conv2d, F.conv3d][rank - 1]
+    convt = [F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d][rank - 1]
+
+    def fn(x, w, b=None):
+        if transpose:
+            full = convt(x, w, b, stride, 0, out_pad, group, dilation)
+            index = [slice(None), slice(None)] + [slice(pads[i], full.shape[2 + i] - pads[rank + i])
+                                                  for i in range(rank)]
+            return full[tuple(index)]
+        padded = F.pad(x, [p for i in reversed(range(rank)) for p in (pads[i], pads[rank + i])])
+        return conv(padded, w, b, stride, 0, dilation, group)
+    return fn
+
+
+@st.composite
+def conv_cases(draw: st.DrawFn) -> Case:
+    rank = draw(st.sampled_from([1, 2, 2, 2]))
+    group = draw(st.sampled_from([1, 1, 2, 4]))
+    cin = group * draw(st.integers(1, 2))
+    cout = group * draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(rank)]
+    stride = [draw(st.integers(1, 3)) for _ in range(rank)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(rank)]
+    pads = [draw(st.integers(0, 2)) for _ in range(2 * rank)]
+    size = [draw(st.integers((k - 1) * d + 1, 7)) for k, d in zip(kernel, dilation, strict=True)]
+    bias = draw(st.booleans())
+    inputs = [rand(2, cin, *size), rand(cout, cin // group, *kernel, seed=1)] + ([rand(cout, seed=2)] if bias else [])
+    attrs = {"strides": stride, "dilations": dilation, "pads": pads, "group": group, "kernel_shape": kernel}
+    return Case("Conv", inputs, conv_torch(rank, stride, pads, dilation, group), attrs)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=conv_cases())
+def test_conv(case: Case) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_conv_auto_pad(auto_pad: str) -> None:
+    """auto_pad resolves to the pads onnx's reference runtime uses (no torch equivalent for SAME_LOWER)."""
+    check_finite_differences(Case("Conv", [rand(1, 2, 7, 6), rand(3, 2, 3, 2, seed=1)], None,
+                                  {"auto_pad": auto_pad, "strides": [2, 2]}))
+
+
+def test_conv_depthwise() -> None:
+    attrs = {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    check(Case("Conv", [rand(2, 4, 6, 6), rand(4, 1, 3, 3, seed=1)], conv_torch(2, 2, [1] * 4, 1, 4), attrs))
+
+
+SQUARE_WEIGHTS = [  # OpenVINO 2026.4 miscomputes a square weight shared by forward and backward ops
+    Case("Conv", [rand(2, 4, 5, 5), rand(4, 4, 3, 3, seed=1)], conv_torch(2, 1, [1] * 4, 1, 1), {"pads": [1] * 4}),
+    Case("ConvTranspose", [rand(2, 4, 3, 3), rand(4, 4, 3, 3, seed=1)], conv_torch(2, 2, [0] * 4, 1, 1, True, 0),
+         {"strides": [2, 2]}),
+    Case("MatMul", [rand(2, 3, 4), rand(4, 4, seed=1)], torch.matmul),
+    Case("Gemm", [rand(3, 4), rand(4, 4, seed=1)], gemm_torch(0.5, 1.0, 0, 1), {"alpha": 0.5, "transB": 1}),
+]
+
+
+@pytest.mark.parametrize("case", SQUARE_WEIGHTS, ids=repr)
+def test_square_weights(case: Case) -> None:
+    check(case)
+
+
+@st.composite
+def conv_transpose_cases(draw: st.DrawFn) -> Case:
+    group = draw(st.sampled_from([1, 1, 2]))
+    cin, cout = group * draw(st.integers(1, 2)), group * draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(2)]
+    stride = [draw(st.integers(1, 3)) for _ in range(2)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(2)]
+    out_pad = [draw(st.integers(0, s - 1)) for s in stride]  # onnx's reference runtime needs < stride
+    pads = [draw(st.integers(0, (k - 1) * d // 2)) for k, d in zip(kernel * 2, dilation * 2, strict=True)]
+    bias = draw(st.booleans())
+    inputs = [rand(2, cin, 3, 4), rand(cin, cout // group, *kernel, seed=1)] + ([rand(cout, seed=2)] if bias else [])
+    attrs = {"strides": stride, "dilations": dilation, "pads": pads, "group": group, "output_padding": out_pad}
+    return Case("ConvTranspose", inputs, conv_torch(2, stride, pads, dilation, group, True, out_pad), attrs)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=conv_transpose_cases())
+def test_conv_transpose(case: Case) -> None:
+    check(case)
+
+
+# Normalizations and softmaxes.
+
+NORMS = [
+    Case("BatchNormalization", [rand(4, 3, 5, 5), rand(3, low=0.5), rand(3), rand(3), rand(3, low=0.5)],
+         lambda x, s, b, m, v: F.batch_norm(x, m.detach().clone(), v.detach().clone(), s, b, True, 0.1, 1e-5),
+         {"epsilon": 1e-5}),
+    Case("BatchNormalization", [rand(6, 3), rand(3, low=0.5), rand(3), rand(3), rand(3, low=0.5)],
+         lambda x, s, b, m, v: F.batch_norm(x, m.detach().clone(), v.detach().clone(), s, b, True, 0.1, 1e-3),
+         {"epsilon": 1e-3}),
+    Case("InstanceNormalization", [rand(2, 3, 4, 5), rand(3, low=0.5), rand(3)],
+         lambda x, s, b: F.instance_norm(x, weight=s, bias=b, eps=1e-5)),
+    Case("LayerNormalization", [rand(2, 3, 8), rand(8, low=0.5), rand(8)],
+         lambda x, s, b: F.layer_norm(x, (8,), s, b, 1e-5)),
+    Case("LayerNormalization", [rand(2, 3, 4), rand(3, 4, low=0.5), rand(3, 4)],
+         lambda x, s, b: F.layer_norm(x, (3, 4), s, b, 1e-5), {"axis": 1}),
+    Case("LayerNormalization", [rand(2, 3, 4), rand(4, low=0.5)],
+         lambda x, s: F.layer_norm(x, (4,), s, None, 1e-5)),
+    Case("Softmax", [rand(2, 3, 4)], lambda x: F.softmax(x, 1), {"axis": 1}),
+    Case("Softmax", [rand(2, 5)], lambda x: F.softmax(x, -1)),
+    Case("LogSoftmax", [rand(2, 3, 4)], lambda x: F.log_softmax(x, -1)),
+]
+
+
+@pytest.mark.parametrize("case", NORMS, ids=repr)
+def test_norm(case: Case) -> None:
+    check(case)
+
+
+# Pooling and reductions.
+
+def torch_pads(pads: list[int]) -> list[int]:
+    return pads[: len(pads) // 2]
+
+
+POOLS = [
+    Case("MaxPool", [rand(2, 3, 7, 7)], lambda x: F.max_pool2d(x, 3, 2, 1), {"kernel_shape": [3, 3],
+                                                                             "strides": [2, 2], "pads": [1] * 4}),
+    Case("MaxPool", [rand(2, 3, 6, 6)], lambda x: F.max_pool2d(x, 2, 2), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    Case("MaxPool", [rand(1, 2, 7, 8)], lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True),
+         {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    Case("MaxPool", [rand(1, 2, 9, 9)], lambda x: F.max_pool2d(x, 3, 1, dilation=2),
+         {"kernel_shape": [3, 3], "dilations": [2, 2]}),
+    Case("AveragePool", [rand(2, 3, 7, 7)], lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4}),
+    Case("AveragePool", [rand(2, 3, 7, 7)], lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True),
+         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4, "count_include_pad": 1}),
+    Case("AveragePool", [rand(2, 3, 6, 6)], lambda x: F.avg_pool2d(x, 2, 2), {"kernel_shape": [2, 2],
+                                                                             "strides": [2, 2]}),
+    Case("AveragePool", [rand(1, 2, 5, 4)], lambda x: F.avg_pool1d(x.flatten(0, 1), 2, 3).view(1, 2, 5, 1),
+         {"kernel_shape": [1, 2], "strides": [1, 3]}),
+    Case("GlobalAveragePool", [rand(2, 3, 4, 5)], lambda x: x.mean((2, 3), keepdim=True)),
+    Case("ReduceMean", [rand(2, 3, 4)], lambda x: x.mean(1), {"axes": [1], "keepdims": 0}),
+    Case("ReduceMean", [rand(2, 3, 4)], lambda x: x.mean((0, 2), keepdim=True), {"axes": [0, -1]}),
+    Case("ReduceSum", [rand(2, 3, 4), ints(0, 2)], lambda x, a: x.sum((0, 2), keepdim=True)),
+    Case("ReduceSum", [rand(2, 3, 4), ints(1)], lambda x, a: x.sum(1), {"keepdims": 0}),
+    Case("ReduceSum", [rand(2, 3, 4)], lambda x: x.sum(), {"keepdims": 0}),
+]
+
+
+@pytest.mark.parametrize("case", POOLS, ids=repr)
+def test_pool(case: Case) -> None:
+    check(case)
+
+
+# Data movement.
+
+SHAPES = [
+    Case("Flatten", [rand(2, 3, 4, 5)], lambda x: x.flatten(0, 1).flatten(1), {"axis": 2}),
+    Case("Reshape", [rand(2, 3, 4), ints(4, -1)], lambda x, s: x.reshape(4, -1)),
+    Case("Transpose", [rand(2, 3, 4)], lambda x: x.permute(2, 0, 1), {"perm": [2, 0, 1]}),
+    Case("Transpose", [rand(2, 3, 4)], lambda x: x.permute(2, 1, 0)),
+    Case("Squeeze", [rand(2, 1, 4), ints(1)], lambda x, a: x.squeeze(1)),
+    Case("Unsqueeze", [rand(2, 4), ints(0, 2)], lambda x, a: x.unsqueeze(0).unsqueeze(2)),
+    Case("Concat", [rand(2, 3), rand(2, 1), rand(2, 4)], lambda *xs: torch.cat(xs, 1), {"axis": 1}),
+    Case("Concat", [rand(2, 3), rand(1, 3)], lambda *xs: torch.cat(xs, -2), {"axis": -2}),
+    Case("Split", [rand(2, 6), ints(1, 2, 3)], lambda x, s: torch.split(x, [1, 2, 3], 1), {"axis": 1}, n_out=3),
+    Case("Split", [rand(4, 3)], lambda x: torch.split(x, 2, 0), {"axis": 0}, n_out=2),
+    Case("Slice", [rand(5, 6), ints(1, -4), ints(4, 100), ints(0, 1)], lambda x, *_: x[1:4, -4:]),
+    Case("Slice", [rand(5, 6), ints(4, 0), ints(-100, 6), ints(0, 1), ints(-2, 3)], lambda x, *_: x.flip(0)[::2, ::3]),
+    Case("Pad", [rand(2, 3, 4), ints(0, 1, 2, 0, 2, 1)], lambda x, p: F.pad(x, [2, 1, 1, 2])),
+    Case("Pad", [rand(2, 3, 4), ints(0, -1, 2, 0, 1, -1)], lambda x, p: F.pad(x, [2, -1, -1, 1]),
+         finite_differences=False),
+]
+
+
+@pytest.mark.parametrize("case", SHAPES, ids=repr)
+def test_shape(case: Case) -> None:
+    check(case)
+
+
+def test_every_rule_is_tested() -> None:
+    cases = ELEMENTWISE + NORMS + POOLS + SHAPES
+    tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
+    assert set(RULES) <= tested, sorted(set(RULES) - tested)
+
+
+def test_dropout_uses_the_mask() -> None:
+    """Training-mode dropout: the gradient is probe * mask / (1 - ratio) for the mask of the same run."""
+    case = Case("Dropout", [rand(4, 50), np.array(0.25)], None)
+    model = case_model(case, np.float32)
+    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    training.model.graph.output.append(helper.make_tensor_value_info("op.mask", TensorProto.BOOL, [4, 50]))
+    got = run_ort(training.model)
+    probe = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "probe0"))
+    assert 0 < got["op.mask"].mean() < 1
+    np.testing.assert_allclose(got["grad.in0"], probe * got["op.mask"] / 0.75, rtol=1e-6)
+
+
+def test_unsupported_ops_are_listed_once() -> None:
+    nodes = [helper.make_node("Sin", ["w"], ["a"], name="sine"), helper.make_node("Cos", ["a"], ["b"], name="cosine"),
+             helper.make_node("Relu", ["b"], ["output"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3])],
+                              [numpy_helper.from_array(np.ones(3, np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    with pytest.raises(ModelError, match=r"Cos \(e.g. node 'cosine'\).*Sin \(e.g. node 'sine'\)"):
+        build_training_graph(model, loss="sum")

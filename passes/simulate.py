@@ -1,0 +1,154 @@
+"""Replay a schedule event by event and measure its memory and cost, independently of any solver.
+
+Semantics: each device always holds its resident bytes. `Compute` needs every input on its device
+and its own output absent there; while it runs the device holds its output plus its workspace, after
+it the workspace is released and the output stays. `Free` needs the output present. `Copy` needs it
+on the source and absent on the target, then holds it on both. At the end every graph output is held
+on some device and every operator has been computed at least once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx_remat.errors import ScheduleError
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """What replaying a schedule measured: peak memory and memory after each event per device, cost."""
+
+    peak_bytes: tuple[int, ...]
+    memory_trace: tuple[tuple[int, ...], ...]
+    compute_cost: float
+    copy_cost: float
+
+    @property
+    def total_cost(self) -> float:
+        return self.compute_cost + self.copy_cost
+
+
+class _Replay:
+    """Mutable replay state: which outputs each device holds, its memory, its peak, the costs."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.held: list[set[int]] = [set() for _ in problem.devices]
+        self.memory = list(problem.resident_bytes)
+        self.peak = list(problem.resident_bytes)
+        self.trace: list[list[int]] = [[] for _ in problem.devices]
+        self.computed: set[int] = set()
+        self.compute_cost = 0.0
+        self.copy_cost = 0.0
+        self.stage = 0
+
+    def name(self, op: int) -> str:
+        return f"{op} ({self.problem.op_names[op]})"
+
+    def check_event(self, index: int, event: Event) -> None:
+        """Reject an event naming an unknown operator or device, or a stage going backwards."""
+        n, d = self.problem.num_ops, self.problem.num_devices
+        devices = (event.source, event.target) if isinstance(event, Copy) else (event.device,)
+        if not 0 <= event.op < n:
+            raise ScheduleError(f"event #{index} {event}: operator {event.op} is not in 0..{n - 1}")
+        if any(not 0 <= device < d for device in devices):
+            raise ScheduleError(f"event #{index} {event}: device out of range 0..{d - 1}")
+        if not self.stage <= event.stage < n:
+            raise ScheduleError(f"event #{index} {event}: stage {event.stage} is not in {self.stage}..{n - 1}")
+        self.stage = event.stage
+
+    def compute(self, index: int, event: Compute) -> None:
+        held = self.held[event.device]
+        missing = [p for p in self.problem.predecessors[event.op] if p not in held]
+        if missing:
+            raise ScheduleError(
+                f"event #{index}: computing operator {self.name(event.op)} on device {event.device} "
+                f"needs input {self.name(missing[0])}, which is not held there"
+            )
+        if event.op in held:
+            raise ScheduleError(
+                f"event #{index}: operator {self.name(event.op)} is computed on device {event.device} "
+                "while its output is already held there"
+            )
+        size = self.problem.output_bytes[event.op]
+        running = self.memory[event.device] + size + self.problem.workspace_bytes[event.op]
+        self.peak[event.device] = max(self.peak[event.device], running)
+        self.memory[event.device] += size
+        held.add(event.op)
+        self.computed.add(event.op)
+        self.compute_cost += self.problem.cost[event.device][event.op]
+
+    def free(self, index: int, event: Free) -> None:
+        if event.op not in self.held[event.device]:
+            raise ScheduleError(
+                f"event #{index}: freeing operator {self.name(event.op)} on device {event.device}, "
+                "where its output is not held"
+            )
+        self.held[event.device].remove(event.op)
+        self.memory[event.device] -= self.problem.output_bytes[event.op]
+
+    def copy(self, index: int, event: Copy) -> None:
+        if event.op not in self.held[event.source]:
+            raise ScheduleError(
+                f"event #{index}: copying operator {self.name(event.op)} from device {event.source}, "
+                "where its output is not held"
+            )
+        if event.op in self.held[event.target]:
+            raise ScheduleError(
+                f"event #{index}: copying operator {self.name(event.op)} to device {event.target}, "
+                "where its output is already held"
+            )
+        size = self.problem.output_bytes[event.op]
+        self.held[event.target].add(event.op)
+        self.memory[event.target] += size
+        self.peak[event.target] = max(self.peak[event.target], self.memory[event.target])
+        self.copy_cost += size * self.problem.copy_seconds_per_byte[event.source][event.target]
+
+    def record(self) -> None:
+        for device, memory in enumerate(self.memory):
+            self.trace[device].append(memory)
+
+    def check_end(self) -> None:
+        """Every operator ran at least once and every graph output is held somewhere."""
+        never = sorted(set(range(self.problem.num_ops)) - self.computed)
+        if never:
+            raise ScheduleError(f"operator {self.name(never[0])} is never computed")
+        for op in self.problem.graph_outputs:
+            if not any(op in held for held in self.held):
+                raise ScheduleError(f"graph output {self.name(op)} is not held on any device at the end")
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Simulation:
+    """Replay `schedule` on `problem`; raise ScheduleError on the first invalid event."""
+    replay = _Replay(problem)
+    for index, event in enumerate(schedule.events):
+        if not isinstance(event, (Compute, Free, Copy)):
+            raise ScheduleError(f"event #{index} is not a Compute, Free or Copy: {event!r}")
+        replay.check_event(index, event)
+        if isinstance(event, Compute):
+            replay.compute(index, event)
+        elif isinstance(event, Free):
+            replay.free(index, event)
+        else:
+            replay.copy(index, event)
+        replay.record()
+    replay.check_end()
+    return Simulation(
+        peak_bytes=tuple(replay.peak),
+        memory_trace=tuple(tuple(trace) for trace in replay.trace),
+        compute_cost=replay.compute_cost,
+        copy_cost=replay.copy_cost,
+    )
+
+
+def check_schedule(problem: Problem, schedule: Schedule) -> Simulation:
+    """Simulate `schedule` and also raise ScheduleError if any device's peak exceeds its budget."""
+    simulation = simulate(problem, schedule)
+    for device, (peak, budget) in enumerate(zip(simulation.peak_bytes, problem.budgets, strict=True)):
+        if peak > budget:
+            raise ScheduleError(
+                f"device {device} ({problem.devices[device]}) peaks at {peak} bytes, above its budget of {budget} bytes"
+            )
+    return simulation

@@ -1,0 +1,242 @@
+"""The solver layer against an independent brute force on tiny graphs, the baselines and CBC."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.passes import solve as solve_module
+from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.solve import BACKENDS, solve
+from onnx_remat.passes.solve.baselines import BASELINES, best_baseline, chen_sqrt_n, keep_all
+from onnx_remat.passes.solve.checkmate_milp import MilpOutcome
+from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Free
+
+# ---------------------------------------------------------------------------- graphs
+
+
+def make_problem(n: int, edges, sizes, costs, outputs=None, workspace=None, resident=0) -> Problem:
+    return Problem(
+        op_names=tuple(f"op{i}" for i in range(n)),
+        edges=tuple(sorted(set(edges))),
+        output_bytes=tuple(sizes),
+        cost=(tuple(float(c) for c in costs),),
+        resident_bytes=(resident,),
+        budgets=(10**12,),
+        graph_outputs=tuple(outputs if outputs is not None else (n - 1,)),
+        workspace_bytes=tuple(workspace) if workspace else (),
+    )
+
+
+def training_chain(layers: int) -> Problem:
+    """Forward f_0..f_{L-1}, then gradients g_{L-1}..g_0: g_k reads the next gradient and f_k."""
+    n = 2 * layers
+    edges = [(i, i + 1) for i in range(n - 1)] + [(k, n - 1 - k) for k in range(layers - 1)]
+    sizes = [100 + 37 * (i % 5) for i in range(n)]
+    costs = [1 + (i % 3) for i in range(n)]
+    return make_problem(n, edges, sizes, costs)
+
+
+def unet(levels: int) -> Problem:
+    """Encoder levels (conv, conv = skip), a bottleneck, decoder levels (conv reading the level below and the skip).
+
+    Activations keep one size at every level, so the skips held across the bottom dominate memory.
+    """
+    edges: list[tuple[int, int]] = []
+    skips: list[int] = []
+    count = 0
+
+    def op(*inputs: int | None) -> int:
+        nonlocal count
+        edges.extend((i, count) for i in inputs if i is not None)
+        count += 1
+        return count - 1
+
+    current = None
+    for _ in range(levels):
+        current = op(op(current))
+        skips.append(current)
+    current = op(current)
+    for skip in reversed(skips):
+        current = op(current, skip)
+    return make_problem(count, edges, [100] * count, [1 + (i % 4) for i in range(count)], workspace=[10] * count)
+
+
+@st.composite
+def tiny_problems(draw, max_ops: int = 7) -> Problem:
+    n = draw(st.integers(2, max_ops))
+    edges = [(u, v) for v in range(1, n) for u in draw(st.sets(st.integers(0, v - 1), min_size=1, max_size=3))]
+    sizes = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
+    workspace = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    costs = draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    outputs = {n - 1} | draw(st.sets(st.integers(0, n - 2), max_size=1))
+    return make_problem(n, edges, sizes, costs, sorted(outputs), workspace, draw(st.integers(0, 5)))
+
+
+def with_budget(problem: Problem, budget: int) -> Problem:
+    return replace(problem, budgets=(budget,))
+
+
+# ---------------------------------------------------------------------------- brute force
+
+
+def stage_peak(problem: Problem, held: frozenset, computes: list[int], keep: frozenset) -> int | None:
+    """Peak of one stage from `held`, computing `computes` in order, freeing what is not kept at last use."""
+    sizes, preds = problem.output_bytes, problem.predecessors
+    live = set(held)
+    memory = problem.resident_bytes[0] + sum(sizes[i] for i in held)
+    peak = memory
+    for index, k in enumerate(computes):
+        if any(p not in live for p in preds[k]):
+            return None
+        peak = max(peak, memory + sizes[k] + problem.workspace_bytes[k])
+        live.add(k)
+        memory += sizes[k]
+        later = computes[index + 1 :]
+        for i in {*preds[k], k}:
+            if i not in keep and not any(i in preds[j] for j in later):
+                live.discard(i)
+                memory -= sizes[i]
+    return peak
+
+
+def subsets(items) -> list[frozenset]:
+    items = list(items)
+    return [frozenset(c) for r in range(len(items) + 1) for c in itertools.combinations(items, r)]
+
+
+def brute_force(problem: Problem, objective: str, budget: float = float("inf")) -> float | None:
+    """Dynamic program over the held set between stages: every recompute set and every kept set.
+
+    objective "cost": cheapest schedule with every stage peak within `budget`; "peak": smallest peak.
+    """
+    n, outputs = problem.num_ops, frozenset(problem.graph_outputs)
+    # Keeping an output nothing reads (not even a recomputation) and that is no graph output never helps.
+    states: dict[frozenset, float] = {frozenset(): 0.0}
+    for t in range(n):
+        useful = {i for i in range(t + 1) if i in outputs or problem.successors[i]}
+        following: dict[frozenset, float] = {}
+        for held, value in states.items():
+            for extra in subsets(i for i in range(t) if i not in held):
+                computes = sorted(extra) + [t]
+                available = held | set(computes)
+                for keep in [outputs] if t == n - 1 else subsets(available & useful):
+                    if not keep <= available:
+                        continue
+                    peak = stage_peak(problem, held, computes, keep)
+                    if peak is None or peak > budget:
+                        continue
+                    step = sum(problem.cost[0][k] for k in computes) if objective == "cost" else peak
+                    total = value + step if objective == "cost" else max(value, step)
+                    if total < following.get(keep, float("inf")):
+                        following[keep] = total
+        states = following
+    return min(states.values(), default=None)
+
+
+# ---------------------------------------------------------------------------- tests
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(tiny_problems(), st.floats(0.0, 1.0))
+def test_milp_matches_brute_force_and_cbc(problem: Problem, fraction: float):
+    minimum = brute_force(problem, "peak")
+    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
+    problem = with_budget(problem, int(minimum + fraction * (keep_peak - minimum)))
+    expected = brute_force(problem, "cost", problem.budgets[0])
+    highs = solve(problem, "highs")
+    cbc = solve(problem, "cbc")
+    assert highs.status == "optimal" and cbc.status == "optimal"
+    assert highs.objective == pytest.approx(expected) and cbc.objective == pytest.approx(expected)
+    for result in (highs, cbc):
+        check_schedule(problem, result.schedule)
+        assert result.bound <= result.objective + 1e-9 and result.gap <= 1e-3
+    for build in BASELINES.values():
+        baseline = simulate(problem, build(problem))
+        if baseline.peak_bytes[0] <= problem.budgets[0]:
+            assert highs.objective <= baseline.total_cost + 1e-9
+
+
+@FAST
+@given(tiny_problems())
+def test_minimum_budget_matches_brute_force(problem: Problem):
+    found = minimum_budget(problem)
+    assert found.lower == found.feasible == brute_force(problem, "peak")
+    assert quick_lower_bound(problem) <= found.lower
+
+
+@settings(max_examples=20, deadline=None)
+@given(tiny_problems(max_ops=12))
+def test_baselines_are_valid(problem: Problem):
+    for build in BASELINES.values():
+        simulate(problem, build(problem))
+    assert keep_all(problem).recompute_count() == 0
+
+
+def test_keep_all_frees_at_last_use():
+    problem = make_problem(4, [(0, 1), (0, 2), (1, 2), (2, 3)], [10, 20, 30, 40], [1, 1, 1, 1])
+    events = keep_all(problem).events
+    assert events == (
+        Compute(0, 0), Compute(1, 1), Compute(2, 2), Free(0, 2), Free(1, 2), Compute(3, 3), Free(2, 3),
+    )
+    assert simulate(problem, keep_all(problem)).peak_bytes == (70,)
+
+
+@pytest.mark.parametrize("graph", [training_chain(8), unet(5)], ids=["chain", "unet"])
+def test_half_budget_needs_recomputation(graph: Problem):
+    """Half of the keep-all schedule's peak: the solver must recompute, and beat Chen if Chen fits."""
+    problem = with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
+    result = solve(problem)
+    assert result.status == "optimal"
+    assert result.schedule.recompute_count() > 0
+    assert check_schedule(problem, result.schedule).total_cost == pytest.approx(result.objective)
+    chen = simulate(problem, chen_sqrt_n(problem))
+    if chen.peak_bytes[0] <= problem.budgets[0]:
+        assert result.objective <= chen.total_cost + 1e-9
+
+
+def test_budget_below_the_largest_step_is_refused():
+    problem = training_chain(4)
+    lower = quick_lower_bound(problem)
+    with pytest.raises(InfeasibleBudgetError) as error:
+        solve(with_budget(problem, lower - 1))
+    assert error.value.minimum_bytes == lower
+
+
+def test_infeasible_budget_above_the_quick_bound_is_proven():
+    problem = make_problem(5, [(0, 1), (0, 4), (1, 2), (1, 3), (2, 4)], [5, 5, 2, 5, 3], [1] * 5)
+    minimum = brute_force(problem, "peak")
+    assert quick_lower_bound(problem) < minimum == minimum_budget(problem).lower
+    with pytest.raises(InfeasibleBudgetError) as error:
+        solve(with_budget(problem, minimum - 1))
+    assert error.value.minimum_bytes == minimum
+
+
+def test_unknown_solver_names_the_valid_ones():
+    with pytest.raises(UsageError, match="highs, cbc"):
+        solve(training_chain(2), "gurobi")
+
+
+def test_no_incumbent_falls_back_to_the_best_baseline(monkeypatch):
+    problem = with_budget(training_chain(4), 10**6)
+    monkeypatch.setitem(BACKENDS, "highs", lambda *args: MilpOutcome(None, "time_limit", None))
+    result = solve_module.solve(problem)
+    name, schedule = best_baseline(problem)
+    assert (result.status, result.schedule, name) == ("heuristic", schedule, "keep-all")
+    assert result.bound == pytest.approx(sum(problem.cost[0]))
+
+
+def test_progress_reports_seconds():
+    calls = []
+    problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
+    result = solve(problem, "cbc", progress=lambda *report: calls.append(report))
+    assert len(calls) == 1 and calls[0][1] == pytest.approx(result.objective)

@@ -13,8 +13,10 @@ import onnx
 from onnx_remat.budget import Budget, format_bytes, parse_budget
 from onnx_remat.errors import InfeasibleBudgetError, OutputError, UsageError
 from onnx_remat.passes import load
+from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
+from onnx_remat.passes.layers import training_groups
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.sizes import tensor_infos
@@ -45,34 +47,71 @@ class RematResult:
         write_atomically(Path(path), self.model.SerializeToString())
 
 
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How to turn an inference model into a train step: loss, frozen parameters, optimizer."""
+
+    loss: str = "mse"
+    freeze: tuple[str, ...] = ()
+    optimizer: str | None = None
+    lr: float = 0.01
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """A checked model with concrete shapes (a train step in train mode) and its operator groups."""
+
+    model: onnx.ModelProto
+    inferred: onnx.ModelProto
+    groups: list[tuple[str, ...]] | None
+
+
+def prepare(
+    model: str | Path | onnx.ModelProto,
+    mode: str = "infer",
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    training: TrainingOptions | None = None,
+) -> PreparedModel:
+    """Load and check the model, fix its input shapes, and in train mode build the train step."""
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}: use infer or train")
+    original = load.load_model(model)
+    load.name_nodes(original)
+    load.fix_input_shapes(original, input_shapes or {})
+    if mode == "infer":
+        return PreparedModel(original, load.infer_shapes(original), None)
+    options = training or TrainingOptions()
+    graph = build_training_graph(
+        load.infer_shapes(original), loss=options.loss, freeze=options.freeze,
+        optimizer=options.optimizer, lr=options.lr,
+    )
+    inferred = load.infer_shapes(graph.model)
+    return PreparedModel(graph.model, inferred, training_groups(inferred, graph.backward_groups))
+
+
 def remat(
     model: str | Path | onnx.ModelProto,
     budget: str | int | Budget = "100%",
     *,
     mode: str = "infer",
+    training: TrainingOptions | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     solver: str = "highs",
     time_limit: float | None = None,
     progress: Progress | None = None,
 ) -> RematResult:
-    """Rewrite `model` so it runs within `budget` at the least predicted time."""
-    if mode not in MODES:
-        raise UsageError(f"unknown mode {mode!r}: use infer or train")
-    if mode == "train":
-        raise UsageError("--mode train is not supported yet: use --mode infer")
+    """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time."""
     budget = _as_budget(budget)
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    original = load.load_model(model)
-    load.name_nodes(original)
-    load.fix_input_shapes(original, input_shapes or {})
-    inferred = load.infer_shapes(original)
-    infos = tensor_infos(inferred)
+    prepared = prepare(model, mode, input_shapes, training)
+    infos = tensor_infos(prepared.inferred)
     roofline = Roofline()
-    graph = build_problem(inferred, infos, {"cpu": lambda n, i: node_seconds(n, i, roofline)}, workspace_bytes)
+    costs = {"cpu": lambda n, i: node_seconds(n, i, roofline)}
+    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups)
     problem, minimum = _with_budget(graph.problem, budget)
     result = solve(problem, solver=solver, time_limit=time_limit, progress=progress)
     check_schedule(problem, result.schedule)
-    rewritten = rewrite(original, graph.opmap, result.schedule, problem.devices)
+    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     report = build_report(name, mode, problem, minimum, result)
     return RematResult(rewritten, result.schedule, problem, report)
 

@@ -1,18 +1,19 @@
-"""Turn a shape-inferred ONNX graph into the solver's Problem and the OpMap back to nodes.
+"""Turn a shape-inferred ONNX graph into the solver's Problem and the OpMap back to its nodes.
 
-Each node is one operator, except nodes whose inputs are all constant (Constant nodes and
-plumbing fed only by initializers): those run once up front and their outputs stay resident.
+An operator is a group of nodes: one node in inference, a forward node or the nodes of its
+gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
+plumbing fed only by initializers) run once up front and their outputs count as resident.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import onnx
-from onnx_remat.passes.sizes import TensorInfo
 
 from onnx_remat.opmap import OpMap
+from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
 NodeCost = Callable[[onnx.NodeProto, dict[str, TensorInfo]], float]
@@ -21,7 +22,7 @@ NodeWorkspace = Callable[[onnx.NodeProto, dict[str, TensorInfo]], int]
 
 @dataclass(frozen=True)
 class GraphProblem:
-    """The problem for a graph and the nodes behind each operator."""
+    """The problem for a graph and the nodes behind each of its operators."""
 
     problem: Problem
     opmap: OpMap
@@ -32,41 +33,84 @@ def build_problem(
     infos: dict[str, TensorInfo],
     device_costs: dict[str, NodeCost],
     workspace: NodeWorkspace,
-    budgets: dict[str, int] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> GraphProblem:
-    """Operators, edges, sizes and per-device costs of `model` (nodes in the model's topological order)."""
+    """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
+
+    Without `groups`, every non-constant node is its own operator, in the model's node order.
+    """
     graph = model.graph
     constants = _constant_tensors(graph)
-    prelude = [node for node in graph.node if _is_constant_node(node, constants)]
-    op_nodes = [node for node in graph.node if not _is_constant_node(node, constants)]
-    producer = {out: index for index, node in enumerate(op_nodes) for out in node.output if out}
-    edges = sorted({(producer[i], v) for v, node in enumerate(op_nodes) for i in node.input if i in producer})
-    outputs = {o.name for o in graph.output}
-    devices = tuple(device_costs)
+    by_name = {node.name: node for node in graph.node}
+    prelude = [node.name for node in graph.node if _is_constant_node(node, constants)]
+    if groups is None:
+        groups = [(node.name,) for node in graph.node if node.name not in set(prelude)]
+    ops = [[by_name[name] for name in group] for group in groups]
+    producer = {out: g for g, nodes in enumerate(ops) for node in nodes for out in node.output if out}
+    graph_outputs = {o.name for o in graph.output}
+    consumers = _consumers(ops)
+    exported = [
+        [o for node in nodes for o in node.output if o and (o in graph_outputs or consumers.get(o, {g}) - {g})]
+        for g, nodes in enumerate(ops)
+    ]
+    edges = sorted({(producer[i], g) for g, nodes in enumerate(ops) for n in nodes for i in n.input
+                    if i in producer and producer[i] != g})
     inputs = {i.name for i in graph.input}
     resident = sum(infos[name].nbytes for name in constants | inputs if name in infos)
-    return GraphProblem(
-        problem=Problem(
-            op_names=tuple(node.name for node in op_nodes),
-            edges=tuple(edges),
-            output_bytes=tuple(sum(infos[o].nbytes for o in node.output if o) for node in op_nodes),
-            cost=tuple(tuple(cost(node, infos) for node in op_nodes) for cost in device_costs.values()),
-            resident_bytes=(resident,) * len(devices),
-            budgets=tuple((budgets or {}).get(d, 0) for d in devices),
-            graph_outputs=tuple(sorted({producer[o] for o in outputs if o in producer})),
-            devices=devices,
-            workspace_bytes=tuple(workspace(node, infos) for node in op_nodes),
-            copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
+    devices = tuple(device_costs)
+    problem = Problem(
+        op_names=tuple(_group_name(nodes) for nodes in ops),
+        edges=tuple(edges),
+        output_bytes=tuple(sum(infos[o].nbytes for o in outs) for outs in exported),
+        cost=tuple(tuple(sum(cost(n, infos) for n in nodes) for nodes in ops) for cost in device_costs.values()),
+        resident_bytes=(resident,) * len(devices),
+        budgets=(0,) * len(devices),
+        graph_outputs=tuple(sorted({producer[o] for o in graph_outputs if o in producer})),
+        devices=devices,
+        workspace_bytes=tuple(
+            _group_workspace(nodes, set(outs), infos, workspace) for nodes, outs in zip(ops, exported, strict=True)
         ),
-        opmap=OpMap(tuple((node.name,) for node in op_nodes), tuple(node.name for node in prelude)),
+        copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
     )
+    return GraphProblem(problem, OpMap(tuple(tuple(n.name for n in nodes) for nodes in ops), tuple(prelude)))
+
+
+def _group_name(nodes: list[onnx.NodeProto]) -> str:
+    return nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
+
+
+def _consumers(ops: list[list[onnx.NodeProto]]) -> dict[str, set[int]]:
+    """For every tensor, the operators that read it."""
+    consumers: dict[str, set[int]] = {}
+    for g, nodes in enumerate(ops):
+        for node in nodes:
+            for name in node.input:
+                consumers.setdefault(name, set()).add(g)
+    return consumers
+
+
+def _group_workspace(
+    nodes: list[onnx.NodeProto], exported: set[str], infos: dict[str, TensorInfo], workspace: NodeWorkspace
+) -> int:
+    """Peak transient memory inside a group: its internal tensors while live, plus each node's scratch."""
+    last_use = {name: k for k, node in enumerate(nodes) for name in node.input}
+    live: dict[str, int] = {}
+    peak = 0
+    for k, node in enumerate(nodes):
+        for out in node.output:
+            if out and out not in exported:
+                live[out] = infos[out].nbytes if out in infos else 0
+        peak = max(peak, sum(live.values()) + workspace(node, infos))
+        for name in [n for n in live if last_use.get(n, -1) <= k]:
+            del live[name]
+    return peak
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
     """Initializers and the outputs of nodes computed from initializers alone (never from graph inputs)."""
     known = {init.name for init in graph.initializer}
     for node in graph.node:
-        if all(not name or name in known for name in node.input):
+        if _is_constant_node(node, known):
             known.update(o for o in node.output if o)
     return known
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import onnx
 from onnx import helper
+
 from onnx_remat.passes.sizes import TensorInfo
 
 # Elementwise work per output element for ops that do more than one arithmetic step.

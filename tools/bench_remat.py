@@ -13,13 +13,13 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import onnx_remat.models
-from onnx_remat.passes.measure import measure_activation_peak
 from rich.console import Console
 from rich.table import Table
 
 import onnx_remat
+import onnx_remat.models
 from onnx_remat.budget import format_bytes
+from onnx_remat.passes.measure import measure_activation_peak
 
 FIXTURES = Path(onnx_remat.models.__file__).parent / "fixtures"
 DEFAULT_MODELS = ("unet_small.onnx", "resnet18_small.onnx")

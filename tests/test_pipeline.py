@@ -1,0 +1,67 @@
+"""The whole path on one device: remat -> rewritten model -> onnxruntime, same numbers, within budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import conv_chain, skip_net
+
+import onnx_remat
+from onnx_remat.passes.execute import executed_node_names, random_feeds, run
+from onnx_remat.passes.simulate import check_schedule
+
+
+@pytest.mark.parametrize("budget", ["100%", "70%", "55%", "min"])
+@pytest.mark.parametrize("build", [conv_chain, skip_net])
+def test_rewritten_model_matches_original_within_budget(build, budget):
+    original = build()
+    result = onnx_remat.remat(original, budget)
+    onnx.checker.check_model(result.model, full_check=True)
+    simulation = check_schedule(result.problem, result.schedule)
+    assert max(simulation.peak_bytes) <= result.report.budget_bytes
+    assert result.report.predicted_peak_bytes == max(simulation.peak_bytes)
+    feeds = random_feeds(original, seed=0)
+    for got, want in zip(run(result.model, feeds), run(original, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_low_budget_forces_recompute_that_really_executes():
+    original = skip_net()
+    result = onnx_remat.remat(original, "min")
+    recomputes = [n.name for n in result.model.graph.node if "__remat" in n.name]
+    assert recomputes, "the minimum budget of a skip network needs recomputation"
+    assert result.report.recomputations
+    executed = executed_node_names(result.model, random_feeds(original, seed=0))
+    assert set(recomputes) <= set(executed)
+
+
+def test_nodes_carry_role_and_origin_and_follow_schedule_order():
+    result = onnx_remat.remat(skip_net(), "min")
+    roles = {}
+    for node in result.model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        roles[node.name] = meta["onnx_remat.role"]
+        assert meta["onnx_remat.device"] == "cpu"
+        assert node.name.startswith(meta["onnx_remat.origin"])
+    assert {roles[n] for n in roles if "__remat" in n} == {"recompute"}
+    assert {roles[n] for n in roles if "__remat" not in n} == {"forward"}
+
+
+def test_report_is_consistent_with_schedule():
+    result = onnx_remat.remat(skip_net(), "60%")
+    report = result.report
+    assert report.budget_bytes == int(0.6 * report.keep_all_bytes)
+    assert report.minimum_budget_bytes <= report.budget_bytes
+    extra = sum(r.extra_computations for r in report.recomputations)
+    assert extra == result.schedule.recompute_count()
+    assert report.predicted_seconds >= report.keep_all_seconds
+    assert report.predicted_seconds <= min(b.seconds for b in report.baselines.values() if b.within_budget) + 1e-12
+
+
+def test_budget_below_minimum_states_the_minimum():
+    with pytest.raises(onnx_remat.InfeasibleBudgetError) as info:
+        onnx_remat.remat(skip_net(), "10%")
+    minimum = info.value.minimum_bytes
+    assert minimum and str(minimum) in str(info.value)
+    assert onnx_remat.remat(skip_net(), minimum).report.predicted_peak_bytes <= minimum

@@ -9,6 +9,7 @@ symbolic batch dimension `batch`. Defaults are small; the paper's sizes are reac
 - `unet`: the XEngine paper's U-Net (Fig. 6): conv-InstanceNorm-LeakyReLU blocks, Concat skips
 - `mobilenet_v2`: inverted residuals, depthwise convolutions, Clip as ReLU6
 - `transformer_encoder`: post-LayerNorm multi-head attention + GELU feed-forward layers
+- `wavenet`: dilated causal 1-D convolutions with skip outputs summed after the stack
 
 `FIXTURES` is the directory of small models exported from PyTorch by tools/export_fixtures.py:
 `resnet18_small.onnx`, `unet_small.onnx`, `transformer_small.onnx`.
@@ -26,6 +27,7 @@ from .resnet import build_resnet18, build_resnet34
 from .transformer import build_transformer_encoder
 from .unet import build_unet
 from .vgg import build_vgg16, build_vgg19
+from .wavenet import build_wavenet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -37,6 +39,7 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "unet": build_unet,
     "mobilenet_v2": build_mobilenet_v2,
     "transformer_encoder": build_transformer_encoder,
+    "wavenet": build_wavenet,
 }
 
 
@@ -58,4 +61,5 @@ __all__ = [
     "build_unet",
     "build_vgg16",
     "build_vgg19",
+    "build_wavenet",
 ]

@@ -8,6 +8,7 @@ onnxruntime does with the rewritten graph.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from onnx_remat.errors import ScheduleError
@@ -19,7 +20,7 @@ from onnx_remat.schedule import Compute, Event, Free, Schedule
 def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]]) -> Schedule:
     """Events for the computes `stages[t]` (in order), each output freed right after its last use.
 
-    A recomputation whose output is never read is dropped (it only costs time and memory); the last
+    A computation whose output is never read is dropped (it only costs time and memory); the last
     instance of each graph output is kept to the end.
     """
     computes = _drop_unread([(stage, op) for stage, ops in enumerate(stages) for op in ops], problem)
@@ -37,16 +38,20 @@ def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]]) -> S
 
 
 def _drop_unread(computes: list[tuple[int, int]], problem: Problem) -> list[tuple[int, int]]:
-    """Remove recomputations nobody reads (repeatedly: a dropped one may have been the only reader)."""
+    """Remove computations nobody reads while another instance of the same operator exists, the
+    first included (the frontier-advancing diagonal may force a computation whose output only a later
+    recomputation serves). Repeated: a dropped one may have been the only reader of its inputs.
+    onnxruntime holds an unread output until the run ends, so such a computation costs memory too."""
     while True:
         last_read = _last_reads(problem, computes)
         final = _final_instances(problem, computes)
-        seen: set[int] = set()
+        instances = Counter(op for _, op in computes)
         kept = []
         for index, (stage, op) in enumerate(computes):
-            if last_read[index] >= 0 or index in final or op not in seen:
+            if last_read[index] < 0 and index not in final and instances[op] > 1:
+                instances[op] -= 1
+            else:
                 kept.append((stage, op))
-            seen.add(op)
         if len(kept) == len(computes):
             return kept
         computes = kept

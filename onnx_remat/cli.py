@@ -8,9 +8,20 @@ from pathlib import Path
 
 from rich.console import Console
 
+from onnx_remat.budget import format_bytes
 from onnx_remat.errors import RematError, UsageError
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.autodiff import LOSSES
 from onnx_remat.passes.solve import BACKENDS
-from onnx_remat.pipeline import MODES, check_output_path, remat, write_atomically
+from onnx_remat.pipeline import (
+    DEFAULT_TIME_LIMIT,
+    MODES,
+    TrainingOptions,
+    check_output_path,
+    prepare,
+    remat,
+)
+from onnx_remat.plot import plot_schedule
 
 EXIT_CODES = """exit codes:
   0  success
@@ -33,18 +44,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("input", help="the ONNX model to rewrite")
     parser.add_argument("output", help="where to write the rewritten ONNX model")
     parser.add_argument(
-        "--budget", required=True,
+        "--budget",
         help="memory budget: bytes with an optional unit (512MiB, 1.5GB, 1073741824), "
         "a percentage of keep-all (25%%), or min",
     )
     parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
+    train = parser.add_argument_group("train mode")
+    train.add_argument("--loss", choices=LOSSES, default="mse", help="loss on the model's first output (default mse)")
+    train.add_argument("--freeze", action="append", default=[], metavar="PATTERN",
+                       help="exclude parameters matching this glob pattern from training (repeatable)")
+    train.add_argument("--optimizer", choices=("sgd",), default=None, help="put the update step in the graph")
+    train.add_argument("--lr", type=float, default=0.01, help="learning rate of --optimizer (default 0.01)")
+    train.add_argument("--no-remat", action="store_true",
+                       help="write the training graph as it is, without scheduling or rewriting it")
     parser.add_argument(
         "--input-shape", action="append", default=[], metavar="NAME=DxDx...",
         help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
     )
     parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(BACKENDS)} (default highs)")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS", help="stop the solver after this")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+                        help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})")
     parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png|svg",
+                        help="draw the compute and keep matrices and memory over time per device")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     return parser
@@ -72,9 +94,22 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.solver not in BACKENDS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(BACKENDS)}")
     shapes = parse_input_shapes(args.input_shape)
+    training = TrainingOptions(args.loss, tuple(args.freeze), args.optimizer, args.lr)
+    if args.no_remat and args.mode != "train":
+        raise UsageError("--no-remat writes the training graph: use it with --mode train")
+    if args.budget is None and not args.no_remat:
+        raise UsageError("--budget is required: give bytes (512MiB), a percentage of keep-all (25%) or min")
     check_output_path(args.output, args.input, args.force)
-    if args.report:
-        check_output_path(args.report, args.input, args.force)
+    for extra in (args.report, args.plot):
+        if extra:
+            check_output_path(extra, args.input, args.force)
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"--plot {args.plot} must end in .png or .svg")
+    if args.no_remat:
+        model = prepare(args.input, "train", shapes, training).model
+        write_atomically(Path(args.output), model.SerializeToString())
+        console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
+        return
     with console.status("solving", spinner="dots") as status:
 
         def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
@@ -83,13 +118,16 @@ def run(args: argparse.Namespace, console: Console) -> None:
             status.update(f"solving: {elapsed:.1f} s, incumbent {best}, bound {low}")
 
         result = remat(
-            args.input, args.budget, mode=args.mode, input_shapes=shapes,
+            args.input, args.budget, mode=args.mode, training=training, input_shapes=shapes,
             solver=args.solver, time_limit=args.time_limit, progress=progress,
         )
     check_output_path(args.output, args.input, args.force)
     write_atomically(Path(args.output), result.model.SerializeToString())
     if args.report:
         write_atomically(Path(args.report), result.report.to_json().encode())
+    if args.plot:
+        plot_schedule(result.problem, result.schedule, args.plot, forward_count=result.forward_count,
+                      title=f"{Path(args.input).name} at {format_bytes(result.report.budget_bytes)}")
     console.print(result.report.summary(), highlight=False)
     console.print(f"wrote {args.output}", highlight=False)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,11 +11,12 @@ import onnx
 
 from onnx_remat.budget import Budget, format_bytes, parse_budget
 from onnx_remat.errors import InfeasibleBudgetError, OutputError, UsageError
+from onnx_remat.files import write_atomically
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
-from onnx_remat.passes.layers import training_groups
+from onnx_remat.passes.layers import group_roles, training_groups
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.sizes import tensor_infos
@@ -30,6 +30,7 @@ from onnx_remat.schedule import Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
 MODES = ("infer", "train")
+DEFAULT_TIME_LIMIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class RematResult:
     schedule: Schedule
     problem: Problem
     report: Report
+    forward_count: int | None = None
 
     def save(self, path: str | Path, force: bool = False) -> None:
         """Write the rewritten model atomically (temporary file, then rename)."""
@@ -64,6 +66,7 @@ class PreparedModel:
     model: onnx.ModelProto
     inferred: onnx.ModelProto
     groups: list[tuple[str, ...]] | None
+    roles: tuple[str, ...] = ()
 
 
 def prepare(
@@ -82,11 +85,24 @@ def prepare(
         return PreparedModel(original, load.infer_shapes(original), None)
     options = training or TrainingOptions()
     graph = build_training_graph(
-        load.infer_shapes(original), loss=options.loss, freeze=options.freeze,
+        load.infer_shapes(original), loss=options.loss, freeze=_matching(original, options.freeze),
         optimizer=options.optimizer, lr=options.lr,
     )
     inferred = load.infer_shapes(graph.model)
-    return PreparedModel(graph.model, inferred, training_groups(inferred, graph.backward_groups))
+    groups = training_groups(inferred, graph.backward_groups)
+    return PreparedModel(graph.model, inferred, groups, group_roles(groups, graph.backward_groups))
+
+
+def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """The initializer names matching any of the glob `patterns`; a pattern matching none is an error."""
+    names = [init.name for init in model.graph.initializer]
+    matched = []
+    for pattern in patterns:
+        hits = fnmatch.filter(names, pattern)
+        if not hits:
+            raise UsageError(f"--freeze {pattern!r} matches no parameter: names look like {names[0]!r}")
+        matched.extend(hits)
+    return tuple(dict.fromkeys(matched))
 
 
 def remat(
@@ -97,7 +113,7 @@ def remat(
     training: TrainingOptions | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     solver: str = "highs",
-    time_limit: float | None = None,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
     progress: Progress | None = None,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time."""
@@ -107,13 +123,14 @@ def remat(
     infos = tensor_infos(prepared.inferred)
     roofline = Roofline()
     costs = {"cpu": lambda n, i: node_seconds(n, i, roofline)}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups)
+    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     problem, minimum = _with_budget(graph.problem, budget)
     result = solve(problem, solver=solver, time_limit=time_limit, progress=progress)
     check_schedule(problem, result.schedule)
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     report = build_report(name, mode, problem, minimum, result)
-    return RematResult(rewritten, result.schedule, problem, report)
+    forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
+    return RematResult(rewritten, result.schedule, problem, report, forward_count)
 
 
 def _with_budget(problem: Problem, budget: Budget) -> tuple[Problem, int]:
@@ -189,15 +206,3 @@ def check_output_path(path: str | Path, source: str | Path | None, force: bool) 
         raise OutputError(f"output {out} already exists: pass --force to overwrite it")
     if not out.parent.is_dir():
         raise OutputError(f"output directory {out.parent} does not exist: create it first")
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it into place."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -34,18 +34,22 @@ def build_problem(
     device_costs: dict[str, NodeCost],
     workspace: NodeWorkspace,
     groups: Sequence[Sequence[str]] | None = None,
+    roles: Sequence[str] = (),
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
-    Without `groups`, every non-constant node is its own operator, in the model's node order.
+    Without `groups`, every non-constant node is its own operator, in the model's node order; constant
+    nodes are taken out of the groups given. `roles[i]` says whether group i is forward or backward.
     """
     graph = model.graph
     constants = _constant_tensors(graph)
     by_name = {node.name: node for node in graph.node}
     prelude = [node.name for node in graph.node if _is_constant_node(node, constants)]
     if groups is None:
-        groups = [(node.name,) for node in graph.node if node.name not in set(prelude)]
-    ops = [[by_name[name] for name in group] for group in groups]
+        groups = [(node.name,) for node in graph.node]
+    kept = [(names, role) for names, role in zip(_without(groups, set(prelude)), roles or [""] * len(groups),
+                                                 strict=True) if names]
+    ops = [[by_name[name] for name in names] for names, _ in kept]
     producer = {out: g for g, nodes in enumerate(ops) for node in nodes for out in node.output if out}
     graph_outputs = {o.name for o in graph.output}
     consumers = _consumers(ops)
@@ -72,7 +76,14 @@ def build_problem(
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
     )
-    return GraphProblem(problem, OpMap(tuple(tuple(n.name for n in nodes) for nodes in ops), tuple(prelude)))
+    node_names = tuple(tuple(n.name for n in nodes) for nodes in ops)
+    kept_roles = tuple(role for _, role in kept) if roles else ()
+    return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
+
+
+def _without(groups: Sequence[Sequence[str]], names: set[str]) -> list[tuple[str, ...]]:
+    """Each group with the given node names taken out (possibly leaving it empty)."""
+    return [tuple(n for n in group if n not in names) for group in groups]
 
 
 def _group_name(nodes: list[onnx.NodeProto]) -> str:

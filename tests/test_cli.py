@@ -21,7 +21,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str]:
 
 def test_good_run_writes_model_report_and_summary(capsys, skip_path, tmp_path):
     out, report = tmp_path / "out.onnx", tmp_path / "report.json"
-    code, err = run_cli(capsys, skip_path, out, "--budget", "60%", "--report", report)
+    code, err = run_cli(capsys, skip_path, out, "--budget", "75%", "--report", report)
     assert code == 0, err
     onnx.checker.check_model(onnx.load(out), full_check=True)
     data = json.loads(report.read_text())

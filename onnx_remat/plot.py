@@ -1,0 +1,167 @@
+"""Draw a schedule like the XEngine paper: R and S matrices per device (Fig. 4), memory over time (Fig. 5).
+
+`schedule_matrices` derives the paper's R (computed in stage t) and S (held entering stage t) from the
+event sequence; `plot_schedule` draws them with each device's memory trace below and writes a PNG or SVG.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from onnx_remat.errors import OutputError, UsageError
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy, Free, Schedule
+
+_FORMATS = {".png": "png", ".svg": "svg"}
+_MIB = 2**20
+_COMPUTE_COLORS = ListedColormap(["white", "black", "tab:red"])
+_KEEP_COLORS = ListedColormap(["white", "tab:blue"])
+_DEVICE_COLORS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:olive")
+
+
+def schedule_matrices(problem: Problem, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
+    """R[d, t, i]: op i computed in stage t on device d; S[d, t, i]: its output held on d entering stage t."""
+    shape = (problem.num_devices, problem.num_ops, problem.num_ops)
+    compute, keep = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+    held = np.zeros(shape[:2], dtype=bool)
+    stage = 0
+    for event in schedule.events:
+        keep[:, stage + 1 : event.stage + 1] = held[:, None, :]
+        stage = max(stage, event.stage)
+        if isinstance(event, Compute):
+            compute[event.device, event.stage, event.op] = True
+            held[event.device, event.op] = True
+        elif isinstance(event, Free):
+            held[event.device, event.op] = False
+        elif isinstance(event, Copy):
+            held[event.target, event.op] = True
+    keep[:, stage + 1 :] = held[:, None, :]
+    return compute, keep
+
+
+def _compute_codes(schedule: Schedule, compute: np.ndarray) -> np.ndarray:
+    """R as colour codes: 0 idle, 1 first computation of the operator, 2 recomputation."""
+    codes = compute.astype(np.int8) * 2
+    seen: set[int] = set()
+    for event in schedule.computes:
+        if event.op not in seen:
+            seen.add(event.op)
+            codes[event.device, event.stage, event.op] = 1
+    return codes
+
+
+def _draw_matrix(ax: Axes, image: np.ndarray, cmap: ListedColormap, title: str, forward_count: int | None) -> None:
+    """One stage x operator matrix, with the forward/backward split as dashed lines."""
+    ax.imshow(image, cmap=cmap, vmin=0, vmax=cmap.N - 1, interpolation="nearest", aspect="equal")
+    ax.set_title(title)
+    ax.set_xlabel("operator")
+    ax.set_ylabel("stage")
+    if forward_count is not None:
+        for line in (ax.axvline, ax.axhline):
+            line(forward_count - 0.5, color="tab:green", linestyle="--", linewidth=1)
+
+
+def _memory_traces(problem: Problem, schedule: Schedule) -> list[np.ndarray]:
+    """Per device, MiB held before the first event and after each event (from the simulator)."""
+    traces = simulate(problem, schedule).memory_trace
+    return [np.array((resident, *trace)) / _MIB for resident, trace in zip(problem.resident_bytes, traces, strict=True)]
+
+
+def _draw_memory(ax: Axes, trace: np.ndarray, budget: int, keep_all: int, color: str, split: int | None) -> None:
+    """One device's memory over the events, with budget and keep-all lines."""
+    ax.step(range(len(trace)), trace, where="post", color=color, label="schedule")
+    ax.axhline(budget / _MIB, color="black", linestyle="--", linewidth=1, label=f"budget {budget / _MIB:.1f} MiB")
+    ax.axhline(keep_all / _MIB, color="tab:orange", linestyle=":", label=f"keep-all {keep_all / _MIB:.1f} MiB")
+    if split is not None:
+        ax.axvline(split, color="tab:green", linestyle="--", linewidth=1, label="forward | backward")
+    ax.set_xlabel("event")
+    ax.set_ylabel("memory (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+
+
+def _backward_start(schedule: Schedule, forward_count: int | None) -> int | None:
+    """Index in the memory trace where the first backward stage begins."""
+    if forward_count is None:
+        return None
+    return next((i for i, e in enumerate(schedule.events) if e.stage >= forward_count), len(schedule.events))
+
+
+def _keep_all_per_device(problem: Problem, keep_all_bytes: int | Sequence[int] | None) -> list[int]:
+    """Keep-all bytes for each device: given per device, one value for all, or the problem's default."""
+    if keep_all_bytes is None:
+        return [problem.keep_all_bytes(d) for d in range(problem.num_devices)]
+    if isinstance(keep_all_bytes, int):
+        return [keep_all_bytes] * problem.num_devices
+    if len(keep_all_bytes) != problem.num_devices:
+        raise UsageError(f"keep_all_bytes has {len(keep_all_bytes)} entries for {problem.num_devices} devices")
+    return list(keep_all_bytes)
+
+
+def _build_figure(
+    problem: Problem,
+    schedule: Schedule,
+    keep_all: list[int],
+    forward_count: int | None,
+    title: str | None,
+) -> Figure:
+    """Per device: R and S side by side, memory across both below."""
+    devices = problem.num_devices
+    fig = Figure(figsize=(10 * devices, 9), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(2, 2 * devices, height_ratios=(2.2, 1))
+    compute, keep = schedule_matrices(problem, schedule)
+    codes = _compute_codes(schedule, compute)
+    split = _backward_start(schedule, forward_count)
+    traces = _memory_traces(problem, schedule)
+    memory_axes: list[Axes] = []
+    for d, name in enumerate(problem.devices):
+        color = _DEVICE_COLORS[d % len(_DEVICE_COLORS)]
+        r_ax, s_ax = fig.add_subplot(grid[0, 2 * d]), fig.add_subplot(grid[0, 2 * d + 1])
+        _draw_matrix(r_ax, codes[d], _COMPUTE_COLORS, f"R{d}: computed on {name}", forward_count)
+        _draw_matrix(s_ax, keep[d].astype(np.int8), _KEEP_COLORS, f"S{d}: held on {name} entering stage", forward_count)
+        r_ax.legend(
+            handles=[Patch(color="black", label="first"), Patch(color="tab:red", label="recompute")],
+            loc="upper right", fontsize="small",
+        )
+        mem_ax = fig.add_subplot(grid[1, 2 * d : 2 * d + 2], sharey=memory_axes[0] if memory_axes else None)
+        memory_axes.append(mem_ax)
+        _draw_memory(mem_ax, traces[d], problem.budgets[d], keep_all[d], color, split)
+        mem_ax.set_title(f"memory on {name}")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_schedule(
+    problem: Problem,
+    schedule: Schedule,
+    path: str | os.PathLike[str],
+    keep_all_bytes: int | Sequence[int] | None = None,
+    forward_count: int | None = None,
+    title: str | None = None,
+) -> None:
+    """Write R/S matrices and memory per device to a .png or .svg atomically; ScheduleError if invalid."""
+    target = Path(path)
+    fmt = _FORMATS.get(target.suffix.lower())
+    if fmt is None:
+        raise UsageError(f"plot path {target} must end in .png or .svg")
+    if not target.parent.is_dir():
+        raise OutputError(f"cannot write plot {target}: directory {target.parent} does not exist")
+    fig = _build_figure(problem, schedule, _keep_all_per_device(problem, keep_all_bytes), forward_count, title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=120)
+    write_atomically(target, buffer.getvalue())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.passes.simulate import check_schedule
-from onnx_remat.passes.solve.baselines import best_baseline
+from onnx_remat.passes.solve.baselines import best_baseline, prune_unread
 from onnx_remat.passes.solve.checkmate_milp import (
     CheckmateModel,
     MilpOutcome,
@@ -42,6 +42,9 @@ class SolveResult:
     gap: float
     seconds: float
     solver: str
+    model_objective: float
+    """The cost in the MILP's frontier-advancing form, before pruning unread computations, which
+    `objective` (the returned schedule's cost) never exceeds; `bound` is a bound on that form."""
 
 
 def solve(
@@ -65,7 +68,9 @@ def solve(
     outcome = BACKENDS[solver](model.milp, remaining, warm, _scaled(progress, model, start))
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
     schedule, status = _pick(problem, model, outcome, baseline)
-    return _result(problem, schedule, status, bound, time.perf_counter() - start, solver)
+    model_objective = check_schedule(problem, schedule).total_cost
+    schedule = prune_unread(problem, schedule)
+    return _result(problem, schedule, status, bound, model_objective, time.perf_counter() - start, solver)
 
 
 def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
@@ -105,10 +110,16 @@ def _pick(
 
 
 def _result(
-    problem: Problem, schedule: Schedule, status: str, bound: float | None, seconds: float, solver: str
+    problem: Problem,
+    schedule: Schedule,
+    status: str,
+    bound: float | None,
+    model_objective: float,
+    seconds: float,
+    solver: str,
 ) -> SolveResult:
     """Check `schedule` and state its cost with a bound clamped to [sum of costs, objective]."""
     objective = check_schedule(problem, schedule).total_cost
     bound = min(max(bound if bound is not None else 0.0, sum(problem.cost[0])), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
-    return SolveResult(schedule, status, objective, bound, gap, seconds, solver)
+    return SolveResult(schedule, status, objective, bound, gap, seconds, solver, model_objective)

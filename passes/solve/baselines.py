@@ -17,13 +17,14 @@ from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Event, Free, Schedule
 
 
-def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]]) -> Schedule:
+def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]], prune: bool = False) -> Schedule:
     """Events for the computes `stages[t]` (in order), each output freed right after its last use.
 
-    A computation whose output is never read is dropped (it only costs time and memory); the last
-    instance of each graph output is kept to the end.
+    A recomputation whose output is never read is dropped (it only costs time and memory); with
+    `prune`, so is a first computation whose output only a later recomputation serves (the
+    frontier-advancing diagonal forces those). The last instance of each graph output is kept to the end.
     """
-    computes = _drop_unread([(stage, op) for stage, ops in enumerate(stages) for op in ops], problem)
+    computes = _drop_unread([(stage, op) for stage, ops in enumerate(stages) for op in ops], problem, prune)
     last_read = _last_reads(problem, computes)
     final = _final_instances(problem, computes)
     frees_after: dict[int, list[int]] = {}
@@ -37,21 +38,34 @@ def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]]) -> S
     return Schedule(tuple(events))
 
 
-def _drop_unread(computes: list[tuple[int, int]], problem: Problem) -> list[tuple[int, int]]:
-    """Remove computations nobody reads while another instance of the same operator exists, the
-    first included (the frontier-advancing diagonal may force a computation whose output only a later
-    recomputation serves). Repeated: a dropped one may have been the only reader of its inputs.
-    onnxruntime holds an unread output until the run ends, so such a computation costs memory too."""
+def prune_unread(problem: Problem, schedule: Schedule) -> Schedule:
+    """The schedule without any computation nobody reads while the operator has another instance.
+
+    onnxruntime holds an output nobody reads until the run ends, so such a computation costs memory
+    as well as time. The result lies outside the MILP's frontier-advancing form: use it for output only,
+    never as a warm start."""
+    stages: list[list[int]] = [[] for _ in range(problem.num_ops)]
+    for compute in schedule.computes:
+        stages[compute.stage].append(compute.op)
+    return schedule_from_stages(problem, stages, prune=True)
+
+
+def _drop_unread(computes: list[tuple[int, int]], problem: Problem, prune: bool) -> list[tuple[int, int]]:
+    """Remove unread recomputations (with `prune`, any unread instance of an operator that has another).
+    Repeated: a dropped one may have been the only reader of its inputs."""
     while True:
         last_read = _last_reads(problem, computes)
         final = _final_instances(problem, computes)
         instances = Counter(op for _, op in computes)
+        seen: set[int] = set()
         kept = []
         for index, (stage, op) in enumerate(computes):
-            if last_read[index] < 0 and index not in final and instances[op] > 1:
+            droppable = instances[op] > 1 if prune else op in seen
+            if last_read[index] < 0 and index not in final and droppable:
                 instances[op] -= 1
             else:
                 kept.append((stage, op))
+                seen.add(op)
         if len(kept) == len(computes):
             return kept
         computes = kept

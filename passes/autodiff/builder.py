@@ -14,6 +14,7 @@ from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss
+from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
 from onnx_remat.passes.autodiff.prepare import IR_VERSION, infer, make_trainable, prepared_copy
 from onnx_remat.passes.autodiff.rules import RULES
 
@@ -30,6 +31,7 @@ class TrainingGraph:
     gradients: tuple[str, ...]  # `grad.<param>`, in the order of `parameters`
     running_stats: tuple[str, ...] = ()  # BatchNormalization running mean/var outputs
     loss: str = LOSS
+    updates: tuple[str, ...] = ()  # `<param>.updated` after the optimizer step, in the order of `parameters`
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,11 @@ class _Plan:
     active: frozenset[str]  # forward nodes between a parameter and the loss
 
 
-def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iterable[str] = ()) -> TrainingGraph:
-    """Append a loss and its gradient w.r.t. every trainable float initializer, in standard opset-17 ops."""
+def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iterable[str] = (),
+                         optimizer: str | None = None, lr: float = 0.01) -> TrainingGraph:
+    """Append a loss and its gradient w.r.t. every trainable float initializer, in standard opset-17 ops;
+    with `optimizer="sgd"` also each parameter's updated value `<param>.updated = param - lr * grad.<param>`."""
+    check_optimizer(optimizer, lr)
     model = prepared_copy(model)
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
@@ -52,8 +57,15 @@ def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iter
     backward = _Backward(model, info, plan)
     backward.run()
     _finish(model, info, stats, plan.parameters, backward.nodes)
+    gradients = tuple(_grad_name(p) for p in plan.parameters)
+    updates: tuple[str, ...] = ()
+    if optimizer == "sgd":
+        backward.add_steps(add_sgd(model.graph, plan.parameters, gradients, lr))
+        updates = tuple(updated_name(p) for p in plan.parameters)
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
     groups = {name: tuple(nodes) for name, nodes in backward.groups.items()}
-    return TrainingGraph(model, groups, plan.parameters, tuple(_grad_name(p) for p in plan.parameters), tuple(stats))
+    return TrainingGraph(model, groups, plan.parameters, gradients, tuple(stats), updates=updates)
 
 
 def _frozen(model: onnx.ModelProto, freeze: Iterable[str]) -> frozenset[str]:
@@ -161,6 +173,12 @@ class _Backward:
             self._complete(e, param)
         self._record(e, start)
 
+    def add_steps(self, steps: dict[str, list[str]]) -> None:
+        """Put each parameter's optimizer nodes in the group of the forward node that completes its gradient."""
+        owner = {param: node for node, params in self.last_use.items() for param in params}
+        for param, names in steps.items():
+            self.groups[owner[param]].extend(names)
+
     def _record(self, e: Emitter, start: int) -> None:
         self.groups[e.owner].extend(n.name for n in self.nodes[start:])
 
@@ -191,7 +209,7 @@ class _Backward:
 
 def _finish(model: onnx.ModelProto, info: GraphInfo, stats: list[str], params: tuple[str, ...],
             backward: list[onnx.NodeProto]) -> None:
-    """Append the backward nodes and the outputs (typed: forward, running stats, loss, gradients); check."""
+    """Append the backward nodes and the outputs (typed: forward, running stats, loss, gradients)."""
     graph = model.graph
     graph.node.extend(backward)
     forward = [o.name for o in graph.output if o.name != LOSS]
@@ -201,6 +219,4 @@ def _finish(model: onnx.ModelProto, info: GraphInfo, stats: list[str], params: t
     graph.output.extend(helper.make_tensor_value_info(_grad_name(p), info.dtype(p), list(info.shape(p)))
                         for p in params)
     del graph.value_info[:]
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
 

@@ -1,0 +1,186 @@
+"""Devices to place operators on: which runtime runs them, on what hardware, with how many threads.
+
+A device file is TOML with one `[[device]]` table per device, in the order the solver numbers them:
+
+    [[device]]
+    name = "cpu"                        # used in --budget cpu=2GiB and in the rewritten model's tags
+    runtime = "onnxruntime"             # or "openvino"
+    provider = "CPUExecutionProvider"   # onnxruntime execution provider, or OpenVINO device (CPU, GPU, GPU.1)
+    threads = 4                         # optional: intra-op threads (onnxruntime) / INFERENCE_NUM_THREADS
+    budget = "2GiB"                     # optional: memory budget, as --budget reads it
+
+`PRESETS` names common settings; `get_devices` takes a preset name or a file path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from onnx_remat.budget import Budget, parse_budget
+from onnx_remat.errors import UsageError
+
+RUNTIMES = ("onnxruntime", "openvino")
+DEFAULT_PROVIDERS = {"onnxruntime": "CPUExecutionProvider", "openvino": "CPU"}
+_KEYS = {"name", "runtime", "provider", "threads", "budget"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device: a runtime, the provider (onnxruntime) or device string (OpenVINO) it runs on,
+    an optional thread limit and an optional budget as the user wrote it."""
+
+    name: str
+    runtime: str
+    provider: str
+    threads: int | None = None
+    budget: str | None = None
+
+    @property
+    def parsed_budget(self) -> Budget | None:
+        """The device's budget parsed, or None when the device file gives none."""
+        return None if self.budget is None else parse_budget(self.budget)
+
+
+PRESETS: dict[str, tuple[Device, ...]] = {
+    "cpu": (Device("cpu", "onnxruntime", "CPUExecutionProvider"),),
+    "cpu+cuda": (
+        Device("cpu", "onnxruntime", "CPUExecutionProvider"),
+        Device("gpu", "onnxruntime", "CUDAExecutionProvider"),
+    ),
+    "cpu+openvino-gpu": (
+        Device("cpu", "onnxruntime", "CPUExecutionProvider"),
+        Device("gpu", "openvino", "GPU"),
+    ),
+    "ort-cpu+ov-cpu": (
+        Device("ort-cpu", "onnxruntime", "CPUExecutionProvider", threads=1),
+        Device("ov-cpu", "openvino", "CPU", threads=1),
+    ),
+}
+
+
+def preset(name: str) -> tuple[Device, ...]:
+    """The devices of a named preset, checked to be present on this machine."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown device preset {name!r}: use one of {', '.join(PRESETS)} or a .toml file")
+    devices = PRESETS[name]
+    for device in devices:
+        check_available(device, f"preset {name!r}")
+    return devices
+
+
+def get_devices(spec: str | Path) -> tuple[Device, ...]:
+    """Devices from a preset name or a TOML file path."""
+    return preset(str(spec)) if str(spec) in PRESETS else load_devices(spec)
+
+
+def load_devices(path: str | Path) -> tuple[Device, ...]:
+    """Read and check a device file: known runtimes, unique names, providers present on this machine."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"device file {path} does not exist: give a .toml file or a preset ({', '.join(PRESETS)})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"device file {path} is not valid TOML: {exc}") from None
+    tables = data.get("device")
+    if not isinstance(tables, list) or not tables:
+        raise UsageError(f"device file {path} lists no devices: add one [[device]] table per device")
+    devices = tuple(_device(table, f"{path}, device {k + 1}") for k, table in enumerate(tables))
+    _check_unique(devices, str(path))
+    for device in devices:
+        check_available(device, str(path))
+    return devices
+
+
+def _device(table: Any, where: str) -> Device:
+    """One [[device]] table turned into a Device, with its fields checked."""
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: each device must be a [[device]] table")
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}: a device has {', '.join(sorted(_KEYS))}")
+    name, runtime = table.get("name"), table.get("runtime")
+    if not isinstance(name, str) or not name or any(c in name for c in "=, "):
+        raise UsageError(f"{where}: give a name without '=', ',' or spaces (e.g. name = \"cpu\")")
+    if runtime not in RUNTIMES:
+        raise UsageError(f"{where} ({name}): unknown runtime {runtime!r}: use {' or '.join(RUNTIMES)}")
+    provider = table.get("provider", DEFAULT_PROVIDERS[runtime])
+    threads, budget = table.get("threads"), table.get("budget")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise UsageError(f"{where} ({name}): threads must be a positive integer, not {threads!r}")
+    if budget is not None:
+        parse_budget(str(budget))
+    return Device(name, runtime, str(provider), threads, None if budget is None else str(budget))
+
+
+def _check_unique(devices: Iterable[Device], where: str) -> None:
+    """Device names must differ: budgets and placements refer to devices by name."""
+    seen: set[str] = set()
+    for device in devices:
+        if device.name in seen:
+            raise UsageError(f"{where}: device name {device.name!r} appears twice: give each device its own name")
+        seen.add(device.name)
+
+
+def check_available(device: Device, where: str) -> None:
+    """Raise a UsageError naming what is present when the device's provider is missing here."""
+    if device.runtime == "onnxruntime":
+        available = _onnxruntime_providers()
+        present = device.provider in available
+    else:
+        available = _openvino_devices()
+        present = any(d == device.provider or d.split(".")[0] == device.provider for d in available)
+    if not present:
+        raise UsageError(
+            f"{where}: device {device.name!r} needs {device.runtime} {device.provider}, which this machine "
+            f"does not have (available: {', '.join(available) or 'none'})"
+        )
+
+
+@functools.cache
+def _onnxruntime_providers() -> tuple[str, ...]:
+    import onnxruntime
+
+    return tuple(onnxruntime.get_available_providers())
+
+
+@functools.cache
+def _openvino_devices() -> tuple[str, ...]:
+    import openvino
+
+    return tuple(openvino.Core().available_devices)
+
+
+def parse_device_budgets(text: str, names: Iterable[str] | None = None) -> dict[str, Budget]:
+    """Parse `cpu=2GiB,gpu=512MiB`; given the device `names`, a bare budget (`25%`) applies to each."""
+    known = None if names is None else tuple(names)
+    if "=" not in text and known is not None:
+        budget = parse_budget(text)
+        return dict.fromkeys(known, budget)
+    budgets: dict[str, Budget] = {}
+    for item in text.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise UsageError(f"cannot read device budget {item.strip()!r} in {text!r}: write name=budget (cpu=2GiB)")
+        if name in budgets:
+            raise UsageError(f"device {name!r} has two budgets in {text!r}")
+        if known is not None and name not in known:
+            raise UsageError(f"--budget names device {name!r}, but the devices are {', '.join(known)}")
+        budgets[name] = parse_budget(value)
+    return budgets
+
+
+def budgets_by_name(devices: Iterable[Device], override: Mapping[str, Budget] | None = None) -> dict[str, Budget]:
+    """Each device's budget: from `override` (the command line) if given there, else from its device file."""
+    override = override or {}
+    return {
+        d.name: override.get(d.name, d.parsed_budget)
+        for d in devices
+        if d.name in override or d.budget is not None
+    }

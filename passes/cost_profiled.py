@@ -1,0 +1,430 @@
+"""Measured operator costs: run every operator alone on every device, and time hand-offs between devices.
+
+The paper's cost model (section 4: "computing each operator on each device", then "copy costs between the
+devices in both directions"). An operator is a group of node names; it is cut out of the shape-inferred
+model as a standalone ONNX model (the tensors it reads from outside become graph inputs, constants stay
+initializers, what it produces becomes outputs) and timed on each device's runtime with inputs and outputs
+already resident there. A runtime call has a fixed overhead that a real schedule pays once per device
+switch, not once per operator: it is measured on a one-element model, taken out of the operator costs and
+charged to the copy into that device instead.
+
+Plugging the numbers into the solver: build the Problem as usual, with the device names as the keys of
+`device_costs` (any NodeCost, e.g. the analytic one), profile its operators and replace the costs:
+
+    graph = build_problem(model, infos, {d.name: analytic for d in devices}, workspace, groups)
+    problem = profile_costs(model, graph.opmap.node_names, devices).apply(graph.problem)
+
+Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
+(not its weights), the groups, the devices and the runtime versions, so a second run is instant.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import openvino as ov
+from onnx import helper, numpy_helper
+
+from onnx_remat.devices import Device
+from onnx_remat.passes.build_problem import _constant_tensors
+from onnx_remat.passes.execute import ort_session, random_feeds, session_options
+from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.problem import Problem
+
+Progress = Callable[[int, int, str], None]
+
+CACHE_VERSION = 1
+COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
+MIN_SECONDS = 1e-7
+_SECONDS_PER_MEASUREMENT = 0.5
+_ORT_MEMORY = {"CUDAExecutionProvider": "cuda"}
+
+
+@dataclass(frozen=True)
+class ProfiledCosts:
+    """Measured seconds per operator on each device, and the cost of moving a tensor between devices.
+
+    - `cost[device][i]`: seconds of operator i on the device, its runtime's per-call overhead taken out.
+    - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: a tensor of b bytes produced on device d
+      is ready as an input on device e after `fixed + per_byte * b` seconds (zero for d == e); the fixed
+      part includes a new runtime call on e.
+    - `call_overhead_seconds[device]`: the runtime's fixed cost of one call on the device.
+    """
+
+    devices: tuple[str, ...]
+    cost: dict[str, tuple[float, ...]]
+    copy_seconds_per_byte: tuple[tuple[float, ...], ...]
+    copy_fixed_seconds: tuple[tuple[float, ...], ...]
+    call_overhead_seconds: dict[str, float]
+    from_cache: bool = False
+
+    def apply(self, problem: Problem) -> Problem:
+        """`problem` with these costs and per-byte copy costs, matched to its devices by name."""
+        missing = [d for d in problem.devices if d not in self.cost]
+        if missing:
+            raise ValueError(f"no profiled costs for device {missing[0]!r} (profiled: {', '.join(self.devices)})")
+        if any(len(self.cost[d]) != problem.num_ops for d in problem.devices):
+            counts = sorted({len(values) for values in self.cost.values()})
+            raise ValueError(f"profiled costs are for {counts[0]} operators, the problem has {problem.num_ops}")
+        index = [self.devices.index(d) for d in problem.devices]
+        return dataclasses.replace(
+            problem,
+            cost=tuple(self.cost[d] for d in problem.devices),
+            copy_seconds_per_byte=tuple(tuple(self.copy_seconds_per_byte[i][j] for j in index) for i in index),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the measurements (without the cache flag)."""
+        data = dataclasses.asdict(self)
+        del data["from_cache"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], from_cache: bool = False) -> ProfiledCosts:
+        """The inverse of `to_json`."""
+        return cls(
+            devices=tuple(data["devices"]),
+            cost={name: tuple(values) for name, values in data["cost"].items()},
+            copy_seconds_per_byte=tuple(tuple(row) for row in data["copy_seconds_per_byte"]),
+            copy_fixed_seconds=tuple(tuple(row) for row in data["copy_fixed_seconds"]),
+            call_overhead_seconds=dict(data["call_overhead_seconds"]),
+            from_cache=from_cache,
+        )
+
+
+def profile_costs(
+    model: onnx.ModelProto,
+    groups: Sequence[Sequence[str]],
+    devices: Sequence[Device],
+    repeats: int = 50,
+    cache_dir: str | Path | None = None,
+    progress: Progress | None = None,
+) -> ProfiledCosts:
+    """Measure every operator (a group of node names of the shape-inferred `model`) on every device."""
+    groups = [tuple(group) for group in groups]
+    devices = tuple(devices)
+    path = Path(cache_dir or default_cache_dir()) / f"costs-{cache_key(model, groups, devices, repeats)}.json"
+    if path.is_file():
+        return ProfiledCosts.from_json(json.loads(path.read_text()), from_cache=True)
+    costs = _measure(model, groups, devices, repeats, progress or _no_progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(costs.to_json(), indent=1))
+    os.replace(temporary, path)
+    return costs
+
+
+def default_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/onnx-remat`, or `~/.cache/onnx-remat`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnx-remat"
+
+
+def cache_key(
+    model: onnx.ModelProto, groups: Sequence[tuple[str, ...]], devices: Sequence[Device], repeats: int
+) -> str:
+    """A hash of what the measurements depend on: graph structure and shapes, groups, devices, runtimes."""
+    payload = {
+        "version": CACHE_VERSION,
+        "runtimes": [ort.__version__, ov.__version__, platform.machine(), os.cpu_count()],
+        "opsets": [[o.domain, o.version] for o in model.opset_import],
+        "nodes": [[n.name, n.domain, n.op_type, list(n.input), list(n.output), _attribute_digest(n)]
+                  for n in model.graph.node],
+        "tensors": sorted([name, list(info.shape), info.elem_type] for name, info in tensor_infos(model).items()),
+        "groups": groups,
+        "devices": [[d.name, d.runtime, d.provider, d.threads] for d in devices],
+        "repeats": repeats,
+    }
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:24]
+
+
+def _attribute_digest(node: onnx.NodeProto) -> str:
+    return hashlib.sha256(b"".join(a.SerializeToString() for a in node.attribute)).hexdigest()
+
+
+def _no_progress(done: int, total: int, label: str) -> None:
+    """The default progress callback: report nothing."""
+
+
+def _measure(
+    model: onnx.ModelProto, groups: list[tuple[str, ...]], devices: tuple[Device, ...], repeats: int,
+    progress: Progress,
+) -> ProfiledCosts:
+    """Run the measurements: call overheads, every operator on every device, every hand-off."""
+    runtimes = [_runtime(d) for d in devices]
+    empty = {runtime.device.name: _empty_call(runtime) for runtime in runtimes}
+    overhead = {name: _median_seconds(call, max(repeats, 50)) for name, call in empty.items()}
+    steps = _Steps(len(devices) * (len(groups) + len(devices)), progress)
+    cost = _operator_costs(model, groups, runtimes, empty, repeats, steps)
+    per_byte, fixed = _copy_matrices(runtimes, overhead, repeats, steps)
+    steps.finish()
+    return ProfiledCosts(
+        devices=tuple(d.name for d in devices),
+        cost=cost,
+        copy_seconds_per_byte=per_byte,
+        copy_fixed_seconds=fixed,
+        call_overhead_seconds=overhead,
+    )
+
+
+@dataclass
+class _Steps:
+    """Counts measurements and reports them to a progress callback."""
+
+    total: int
+    progress: Progress
+    done: int = 0
+
+    def step(self, label: str) -> None:
+        """Announce the next measurement."""
+        self.progress(self.done, self.total, label)
+        self.done += 1
+
+    def finish(self) -> None:
+        self.progress(self.total, self.total, "done")
+
+
+def _operator_costs(
+    model: onnx.ModelProto, groups: list[tuple[str, ...]], runtimes: list[_Runtime],
+    empty: dict[str, Callable[[], object]], repeats: int, steps: _Steps,
+) -> dict[str, tuple[float, ...]]:
+    """Seconds of every group on every device, less an empty call on the device (at least MIN_SECONDS)."""
+    cost: dict[str, list[float]] = {runtime.device.name: [] for runtime in runtimes}
+    cutter = _Cutter(model, groups)
+    for group in groups:
+        submodel, feeds = cutter.cut(group)
+        for runtime in runtimes:
+            name = runtime.device.name
+            steps.step(f"{group[0]} on {name}")
+            seconds = _median_seconds(runtime.prepare(submodel, feeds), repeats, empty[name])
+            cost[name].append(max(seconds, MIN_SECONDS))
+    return {name: tuple(values) for name, values in cost.items()}
+
+
+def _copy_matrices(
+    runtimes: list[_Runtime], overhead: dict[str, float], repeats: int, steps: _Steps
+) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per-byte and fixed seconds of every hand-off; the fixed part includes the target's call overhead."""
+    per_byte, fixed = [], []
+    for source in runtimes:
+        fits = []
+        for target in runtimes:
+            steps.step(f"copies {source.device.name} -> {target.device.name}")
+            fits.append((0.0, 0.0) if source is target else _copy_fit(source, target, repeats))
+        per_byte.append(tuple(b for _, b in fits))
+        fixed.append(tuple(
+            0.0 if source is target else a + overhead[target.device.name]
+            for (a, _), target in zip(fits, runtimes, strict=True)
+        ))
+    return tuple(per_byte), tuple(fixed)
+
+
+def _median_seconds(run: Callable[[], object], repeats: int, baseline: Callable[[], object] | None = None) -> float:
+    """Median wall time of `run` after two warm-up calls, less that of `baseline` timed right after each run
+    (paired, so a change in machine load cancels out); stops early past half a second (3 runs at least)."""
+    run(), run()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() - started < _SECONDS_PER_MEASUREMENT):
+        samples.append(_seconds(run) - (_seconds(baseline) if baseline else 0.0))
+    return statistics.median(samples)
+
+
+def _seconds(run: Callable[[], object]) -> float:
+    begin = time.perf_counter()
+    run()
+    return time.perf_counter() - begin
+
+
+def _empty_call(runtime: _Runtime) -> Callable[[], object]:
+    """A runtime call that does next to nothing (a Relu of one element): the runtime's per-call overhead."""
+    value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    result = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "overhead", [value], [result])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return runtime.prepare(model, {"x": np.ones(1, np.float32)})
+
+
+def _copy_fit(source: _Runtime, target: _Runtime, repeats: int) -> tuple[float, float]:
+    """Fixed seconds and seconds per byte (both >= 0) of handing a float tensor from `source` to `target`."""
+    seconds = []
+    for size in COPY_SIZES:
+        value = source.from_host(np.ones(size // 4, np.float32))
+        seconds.append(_median_seconds(lambda v=value: target.from_host(source.to_host(v)), repeats))
+    # Weighted by 1/seconds: relative errors count, so the small sizes pin down the fixed part.
+    per_byte, fixed = np.polyfit(np.array(COPY_SIZES, float), np.array(seconds), 1, w=1 / np.array(seconds))
+    return max(float(fixed), 0.0), max(float(per_byte), 0.0)
+
+
+class _Cutter:
+    """Cuts node groups out of a model as standalone models, with inputs to run them on."""
+
+    def __init__(self, model: onnx.ModelProto, groups: list[tuple[str, ...]]):
+        self.model = model
+        self.infos = tensor_infos(model)
+        self.nodes = {node.name: node for node in model.graph.node}
+        self.initializers = {init.name: init for init in model.graph.initializer}
+        self.constants = _constant_tensors(model.graph)
+        self.graph_outputs = {o.name for o in model.graph.output}
+        self.readers: dict[str, set[tuple[str, ...]]] = {}
+        for group in groups:
+            for name in _reads(self._group_nodes(group)):
+                self.readers.setdefault(name, set()).add(group)
+        self.values = self._fixed_values()
+
+    def cut(self, group: tuple[str, ...]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+        """The group's nodes as a model, and values for its inputs (real where they matter, else random)."""
+        nodes = self._group_nodes(group)
+        reads = _reads(nodes)
+        inputs = [name for name in reads if name not in self.constants]
+        initializers = [self._constant(name) for name in reads if name in self.constants]
+        graph = helper.make_graph(
+            nodes, f"operator {group[0]}", [self._value_info(n) for n in inputs],
+            [self._value_info(n) for n in self._outputs(group, nodes)], initializers,
+        )
+        model = helper.make_model(
+            graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version,
+            functions=self.model.functions,
+        )
+        feeds = random_feeds(model)
+        feeds.update({name: self.values[name] for name in inputs if name in self.values})
+        return model, feeds
+
+    def _group_nodes(self, group: tuple[str, ...]) -> list[onnx.NodeProto]:
+        return [self.nodes[name] for name in group]
+
+    def _outputs(self, group: tuple[str, ...], nodes: list[onnx.NodeProto]) -> list[str]:
+        """What the group produces for others, the graph, or nobody (so no runtime prunes its nodes)."""
+        read_inside = {name for node in nodes for name in node.input}
+        return [
+            out for node in nodes for out in node.output
+            if out and (out in self.graph_outputs or self.readers.get(out, set()) - {group} or out not in read_inside)
+        ]
+
+    def _constant(self, name: str) -> onnx.TensorProto:
+        """An initializer, or a tensor computed from constants alone, as an initializer."""
+        if name in self.initializers:
+            return self.initializers[name]
+        return numpy_helper.from_array(self.values[name], name)
+
+    def _value_info(self, name: str) -> onnx.ValueInfoProto:
+        info = self.infos[name]
+        return helper.make_tensor_value_info(name, info.elem_type, info.shape)
+
+    def _fixed_values(self) -> dict[str, np.ndarray]:
+        """Real values of the read tensors random data would break: computed constants and non-float activations
+        (shapes, indices), from one run of the whole model on random inputs."""
+        inputs = {value.name for value in self.model.graph.input}
+        needed = [
+            name for name in self.readers
+            if name not in self.initializers and name not in inputs
+            and (name in self.constants or not _is_float(self.infos[name]))
+        ]
+        if not needed:
+            return {}
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        del model.graph.output[:]
+        model.graph.output.extend(self._value_info(name) for name in needed)
+        return dict(zip(needed, ort_session(model).run(needed, random_feeds(model)), strict=True))
+
+
+def _reads(nodes: list[onnx.NodeProto]) -> list[str]:
+    """The tensors `nodes` read from outside themselves, in first-use order."""
+    produced = {out for node in nodes for out in node.output}
+    return list(dict.fromkeys(name for node in nodes for name in node.input if name and name not in produced))
+
+
+def _is_float(info: TensorInfo) -> bool:
+    return bool(np.issubdtype(helper.tensor_dtype_to_np_dtype(info.elem_type), np.floating))
+
+
+class _Runtime(abc.ABC):
+    """How one device runs a model with resident inputs, and moves tensors to and from host memory."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    @abc.abstractmethod
+    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        """A call that runs `model` once on the device, its inputs already there."""
+
+    @abc.abstractmethod
+    def from_host(self, array: np.ndarray) -> Any:
+        """`array` as a value resident on the device."""
+
+    @abc.abstractmethod
+    def to_host(self, value: Any) -> np.ndarray:
+        """A device value as a numpy array the device may not overwrite."""
+
+
+class _OnnxRuntime(_Runtime):
+    """An onnxruntime session per model, run through an IO binding so nothing is copied per run."""
+
+    @property
+    def memory(self) -> str:
+        return _ORT_MEMORY.get(self.device.provider, "cpu")
+
+    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        session = ort.InferenceSession(
+            model.SerializeToString(), session_options(threads=self.device.threads),
+            providers=[self.device.provider], disabled_optimizers=["CommonSubexpressionElimination"],
+        )
+        binding = session.io_binding()
+        values = {name: self.from_host(array) for name, array in feeds.items()}
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
+        for output in session.get_outputs():
+            binding.bind_output(output.name, self.memory)
+        return lambda: session.run_with_iobinding(binding)
+
+    def from_host(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(array, self.memory, 0)
+
+    def to_host(self, value: ort.OrtValue) -> np.ndarray:
+        return value.numpy()
+
+
+class _OpenVino(_Runtime):
+    """An OpenVINO compiled model per model (f32, latency hint, the device's thread limit)."""
+
+    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+        if self.device.threads:
+            config["INFERENCE_NUM_THREADS"] = self.device.threads
+        core = _openvino_core()
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
+        request = compiled.create_infer_request()
+        for name, array in feeds.items():
+            request.set_tensor(name, self.from_host(array))
+        return request.infer
+
+    def from_host(self, array: np.ndarray) -> ov.Tensor:
+        # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
+        return ov.Tensor(array.view(np.dtype(array.dtype.str)))
+
+    def to_host(self, value: ov.Tensor) -> np.ndarray:
+        return np.array(value.data)
+
+
+@functools.cache
+def _openvino_core() -> ov.Core:
+    return ov.Core()
+
+
+def _runtime(device: Device) -> _Runtime:
+    return _OnnxRuntime(device) if device.runtime == "onnxruntime" else _OpenVino(device)

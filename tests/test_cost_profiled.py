@@ -1,0 +1,131 @@
+"""Measured costs on the two CPU engines: positive, ordered by work, cached, with copy costs."""
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_remat.devices import preset
+from onnx_remat.passes import cost_profiled
+from onnx_remat.passes.build_problem import build_problem
+from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
+from onnx_remat.passes.load import infer_shapes
+from onnx_remat.passes.sizes import tensor_infos
+
+GROUPS = [("conv_small",), ("relu", "add"), ("shape",), ("reshape",), ("conv_big",)]
+
+
+def small_and_big_conv() -> onnx.ModelProto:
+    """A small conv/relu/add block with a shape-driven reshape, and a conv about a thousand times the work."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w_small"),
+        numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32), "w_big"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w_small"], ["c"], name="conv_small", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "x"], ["a"], name="add"),
+        helper.make_node("Constant", [], ["flat"], name="flat_shape",
+                         value=numpy_helper.from_array(np.array([1, -1], np.int64))),
+        helper.make_node("Reshape", ["a", "flat"], ["f"], name="flatten_reshape"),
+        helper.make_node("Shape", ["a"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["f", "s"], ["small_out"], name="reshape"),
+        helper.make_node("Conv", ["y", "w_big"], ["big_out"], name="conv_big", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "small_and_big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64, 64])],
+        [helper.make_tensor_value_info("small_out", TensorProto.FLOAT, [1, 8, 16, 16]),
+         helper.make_tensor_value_info("big_out", TensorProto.FLOAT, [1, 64, 64, 64])],
+        weights,
+    )
+    return infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
+@pytest.fixture(scope="module")
+def model() -> onnx.ModelProto:
+    return small_and_big_conv()
+
+
+@pytest.fixture(scope="module")
+def devices():
+    return preset("ort-cpu+ov-cpu")
+
+
+@pytest.fixture(scope="module")
+def measured(model, devices, tmp_path_factory) -> tuple[ProfiledCosts, object]:
+    cache = tmp_path_factory.mktemp("costs")
+    groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
+    return profile_costs(model, groups, devices, repeats=5, cache_dir=cache), cache
+
+
+def test_costs_are_positive_and_finite(measured, devices):
+    costs, _ = measured
+    assert not costs.from_cache
+    assert costs.devices == ("ort-cpu", "ov-cpu")
+    for device in devices:
+        assert len(costs.cost[device.name]) == 6
+        assert all(math.isfinite(c) and c > 0 for c in costs.cost[device.name])
+        assert costs.call_overhead_seconds[device.name] > 0
+
+
+def test_a_big_conv_costs_more_than_a_small_one(measured):
+    costs, _ = measured
+    for values in costs.cost.values():
+        small, big = values[0], values[-1]
+        assert big > 20 * small
+
+
+def test_copy_costs_between_engines(measured):
+    costs, _ = measured
+    for d in range(2):
+        assert costs.copy_seconds_per_byte[d][d] == costs.copy_fixed_seconds[d][d] == 0
+        assert costs.copy_seconds_per_byte[d][1 - d] > 0
+        assert costs.copy_fixed_seconds[d][1 - d] > 0
+
+
+def test_second_call_is_served_from_the_cache(measured, model, devices, monkeypatch):
+    costs, cache = measured
+
+    def no_runtime(*args):
+        raise AssertionError("the cache should have answered")
+
+    monkeypatch.setattr(cost_profiled, "_measure", no_runtime)
+    groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
+    again = profile_costs(model, groups, devices, repeats=5, cache_dir=cache)
+    assert again.from_cache
+    assert again.to_json() == costs.to_json()
+    with pytest.raises(AssertionError, match="cache should have answered"):
+        profile_costs(model, groups[:-1], devices, repeats=5, cache_dir=cache)
+
+
+def test_cache_key_ignores_weights_but_not_shapes(model, devices):
+    groups = [tuple(g) for g in GROUPS]
+    key = cost_profiled.cache_key(model, groups, devices, 5)
+    other_weights = onnx.ModelProto()
+    other_weights.CopyFrom(model)
+    other_weights.graph.initializer[0].CopyFrom(
+        numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w_small"))
+    assert cost_profiled.cache_key(other_weights, groups, devices, 5) == key
+    assert cost_profiled.cache_key(model, groups, devices[:1], 5) != key
+    other_shapes = onnx.ModelProto()
+    other_shapes.CopyFrom(model)
+    other_shapes.graph.input[1].type.tensor_type.shape.dim[2].dim_value = 32
+    assert cost_profiled.cache_key(other_shapes, groups, devices, 5) != key
+
+
+def test_apply_puts_measured_costs_into_a_problem(model, measured):
+    costs, _ = measured
+    infos = tensor_infos(model)
+    groups = [g for g in (GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:])]
+    analytic = {name: (lambda node, infos: 1.0) for name in ("ov-cpu", "ort-cpu")}
+    graph = build_problem(model, infos, analytic, lambda node, infos: 0, groups)
+    problem = costs.apply(graph.problem)
+    assert problem.cost == (costs.cost["ov-cpu"], costs.cost["ort-cpu"])
+    assert problem.copy_seconds_per_byte[0][1] == costs.copy_seconds_per_byte[1][0]
+    with pytest.raises(ValueError, match="no profiled costs for device 'gpu'"):
+        costs.apply(build_problem(model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)

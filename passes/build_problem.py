@@ -38,17 +38,20 @@ def build_problem(
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
-    Without `groups`, every non-constant node is its own operator, in the model's node order; constant
-    nodes are taken out of the groups given. `roles[i]` says whether group i is forward or backward.
+    Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
+    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward.
     """
     graph = model.graph
     constants = _constant_tensors(graph)
     by_name = {node.name: node for node in graph.node}
-    prelude = [node.name for node in graph.node if _is_constant_node(node, constants)]
+    constant = {node.name for node in graph.node if _is_constant_node(node, constants)}
     if groups is None:
         groups = [(node.name,) for node in graph.node]
-    kept = [(names, role) for names, role in zip(_without(groups, set(prelude)), roles or [""] * len(groups),
-                                                 strict=True) if names]
+    # A constant node runs up front unless it belongs to a group with real work, where it is recomputed
+    # with the group and its output stays transient (e.g. a weight rescaled for one gradient).
+    prelude = [name for group in groups if all(n in constant for n in group) for name in group]
+    kept = [(tuple(names), role) for names, role in zip(groups, roles or [""] * len(groups), strict=True)
+            if not all(n in constant for n in names)]
     ops = [[by_name[name] for name in names] for names, _ in kept]
     producer = {out: g for g, nodes in enumerate(ops) for node in nodes for out in node.output if out}
     graph_outputs = {o.name for o in graph.output}
@@ -60,7 +63,8 @@ def build_problem(
     edges = sorted({(producer[i], g) for g, nodes in enumerate(ops) for n in nodes for i in n.input
                     if i in producer and producer[i] != g})
     inputs = {i.name for i in graph.input}
-    resident = sum(infos[name].nbytes for name in constants | inputs if name in infos)
+    held = {i.name for i in graph.initializer} | inputs | {o for name in prelude for o in by_name[name].output}
+    resident = sum(infos[name].nbytes for name in held if name in infos)
     devices = tuple(device_costs)
     problem = Problem(
         op_names=tuple(_group_name(nodes) for nodes in ops),
@@ -79,11 +83,6 @@ def build_problem(
     node_names = tuple(tuple(n.name for n in nodes) for nodes in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
-
-
-def _without(groups: Sequence[Sequence[str]], names: set[str]) -> list[tuple[str, ...]]:
-    """Each group with the given node names taken out (possibly leaving it empty)."""
-    return [tuple(n for n in group if n not in names) for group in groups]
 
 
 def _group_name(nodes: list[onnx.NodeProto]) -> str:

@@ -16,7 +16,7 @@ from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
-from onnx_remat.passes.layers import group_roles, training_groups
+from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.sizes import tensor_infos
@@ -88,9 +88,10 @@ def prepare(
         load.infer_shapes(original), loss=options.loss, freeze=_matching(original, options.freeze),
         optimizer=options.optimizer, lr=options.lr,
     )
-    inferred = load.infer_shapes(graph.model)
-    groups = training_groups(inferred, graph.backward_groups)
-    return PreparedModel(graph.model, inferred, groups, group_roles(groups, graph.backward_groups))
+    groups = training_groups(graph.model, graph.backward_groups)
+    model = graph.model
+    groups, roles = separate_graph_outputs(model, groups, group_roles(groups, graph.backward_groups))
+    return PreparedModel(model, load.infer_shapes(model), groups, roles)
 
 
 def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:

@@ -37,3 +37,49 @@ def group_roles(groups: Sequence[Sequence[str]], backward_groups: Mapping[str, S
     """`backward` for a group of gradient nodes, `forward` for the rest."""
     backward = {name for names in backward_groups.values() for name in names}
     return tuple("backward" if group[0] in backward else "forward" for group in groups)
+
+
+def separate_graph_outputs(
+    model: onnx.ModelProto, groups: list[tuple[str, ...]], roles: tuple[str, ...]
+) -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
+    """Give each graph output that a group exports beside other tensors an Identity of its own.
+
+    The solver holds an operator's whole output to the end when any of it is a graph output; a
+    gradient group exports both a parameter's gradient (held) and the activation gradient (not), and a
+    training BatchNorm exports its running statistics with its activation. The Identity lets the large
+    part go. Edits `model` in place; returns the new groups and roles.
+    """
+    graph_outputs = {o.name for o in model.graph.output}
+    group_of = {name: g for g, names in enumerate(groups) for name in names}
+    readers: dict[str, set[int]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(group_of[node.name])
+    by_name = {node.name: node for node in model.graph.node}
+    new_groups, new_roles, order = [], [], []
+    for g, names in enumerate(groups):
+        new_groups.append(names)
+        new_roles.append(roles[g])
+        order.extend(by_name[n] for n in names)
+        outputs = [o for n in names for o in by_name[n].output if o]
+        exported = [o for o in outputs if readers.get(o, set()) - {g} or o in graph_outputs]
+        if all(o in graph_outputs for o in exported):
+            continue
+        for output in [o for o in exported if o in graph_outputs]:
+            identity = _rename_output(by_name, names, output)
+            order.append(identity)
+            new_groups.append((identity.name,))
+            new_roles.append(roles[g])
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+    return new_groups, tuple(new_roles)
+
+
+def _rename_output(by_name: dict[str, onnx.NodeProto], names: tuple[str, ...], output: str) -> onnx.NodeProto:
+    """Let the group write `output` under a new name and return an Identity restoring the graph output."""
+    value = f"{output}__value"
+    for name in names:
+        node = by_name[name]
+        node.output[:] = [value if o == output else o for o in node.output]
+        node.input[:] = [value if i == output else i for i in node.input]
+    return onnx.helper.make_node("Identity", [value], [output], name=f"{output}__out")

@@ -1,14 +1,70 @@
-"""Transient memory an operator holds while it runs, beyond its inputs and outputs."""
+"""Transient memory an operator holds while it runs, beyond its inputs and outputs.
+
+The model is onnxruntime's CPU kernels for float tensors on x86-64 (MLAS), read from their sources
+and checked against measured peaks of single-node graphs (passes/measure.py). What counts is memory
+the kernel touches (resident pages), not what it allocates:
+- Conv: MlasConvPrepare's working buffer. None for a pointwise convolution (1x1, stride 1, no pad);
+  the whole im2col matrix (OutputSize x K floats) when there are more filters than output pixels;
+  else one 128x128 float panel per working thread. With batch or groups > 1 MLAS allocates
+  OutputSize x max(K, filters) floats per thread but fills only one panel of it: measured 0 to
+  threads x 64 KiB, not the 9-36 MiB allocated for a batch-4 64-channel 64x64 Conv.
+- ConvTranspose: the col2im matrix, (filters x kernel) x input pixels floats, fully written.
+- MatMul, Gemm (constant or activation B), pooling, element-wise ops: none measured (packing panels
+  live on the stack; constant weights are prepacked at load time and count as resident).
+"""
 
 from __future__ import annotations
 
 import math
 
 import onnx
+from onnx import helper
 
 from onnx_remat.passes.sizes import TensorInfo
 
+FLOAT_BYTES = 4
+PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's GEMM panel
+THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
+MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
 
-def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
-    """Scratch bytes of one node in onnxruntime's CPU kernels (0 for ops that need none)."""
+
+def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int = 1) -> int:
+    """Scratch bytes of one node in onnxruntime's CPU kernels with `threads` intra-op threads."""
+    if node.domain not in ("", "ai.onnx") or not all(name in infos for name in (*node.input[:2], node.output[0])):
+        return 0
+    if node.op_type == "Conv":
+        return FLOAT_BYTES * _conv_floats(node, infos, threads)
+    if node.op_type == "ConvTranspose":
+        return FLOAT_BYTES * _conv_transpose_floats(node, infos)
     return 0
+
+
+def _conv_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int) -> int:
+    """Elements of the working buffer MlasConvPrepare asks for."""
+    x, w, y = infos[node.input[0]].shape, infos[node.input[1]].shape, infos[node.output[0]].shape
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    group = attrs.get("group", 1)
+    kernel = w[2:]
+    k = (x[1] // group) * math.prod(kernel)
+    output_size, filters = math.prod(y[2:]), w[0] // group
+    strides_one = all(s == 1 for s in attrs.get("strides", [1]))
+    unpadded = attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID")
+    no_padding = unpadded and all(p == 0 for p in attrs.get("pads", [0]))
+    if strides_one and no_padding and math.prod(kernel) == 1:
+        return 0
+    if filters > output_size:
+        return output_size * k
+    if x[0] > 1 or group > 1:
+        return min(threads, x[0] * group) * PANEL_FLOATS
+    return _gemm_threads(filters * output_size * k, threads) * PANEL_FLOATS
+
+
+def _gemm_threads(complexity: int, threads: int) -> int:
+    """Threads MLAS splits a convolution over: one per THREAD_COMPLEXITY multiply-adds, capped."""
+    return max(1, min(complexity // THREAD_COMPLEXITY + 1, MAX_THREADS, threads))
+
+
+def _conv_transpose_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
+    """Elements of ConvTranspose's col2im buffer (reused across images and groups)."""
+    x, w = infos[node.input[0]].shape, infos[node.input[1]].shape
+    return w[1] * math.prod(w[2:]) * math.prod(x[2:])

@@ -1,0 +1,89 @@
+"""Measure the activation memory of one onnxruntime run, in a fresh process.
+
+The child loads the session (weights), runs once to warm up, resets the high-water mark
+(`5` into /proc/self/clear_refs), runs again and reads VmHWM: the peak above the resident set
+before the run is what the run's live tensors and scratch buffers took. A fresh process per
+measurement keeps allocator state from earlier runs out of it, and glibc is told to serve every
+block of 64 KiB or more with its own mmap, so a freed tensor leaves the resident set at once (as it
+does in a device allocator). Without that, glibc raises its mmap threshold after the first free of
+a large block, serves later tensors from the heap, and the warm-up run leaves the heap touched:
+the measured peak then drops to a fraction of the live tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+
+from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.workspace import workspace_bytes
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: int = 1) -> int:
+    """Median over `repeats` fresh processes of the bytes one run holds above its starting RSS."""
+    return int(statistics.median(_measure_once(Path(model_path), threads) for _ in range(repeats)))
+
+
+def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
+    """What `measure_activation_peak` should see for a model run in file order: the largest sum, over nodes,
+    of live tensors plus the node's workspace. A tensor lives from its producer to its last consumer; graph
+    outputs and tensors no node reads live to the end (onnxruntime frees unread outputs only then)."""
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    graph = model.graph
+    infos = tensor_infos(model)
+    last_use = {name: index for index, node in enumerate(graph.node) for name in node.input}
+    last_use.update({output.name: len(graph.node) for output in graph.output})
+    live: dict[str, int] = {}
+    peak = 0
+    for index, node in enumerate(graph.node):
+        live.update((name, infos[name].nbytes) for name in node.output if name)
+        peak = max(peak, sum(live.values()) + workspace_bytes(node, infos, threads))
+        live = {name: size for name, size in live.items() if last_use.get(name, len(graph.node)) > index}
+    return peak
+
+
+def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = None) -> int:
+    """One measurement in a child process (this module run as a script)."""
+    environment = dict(os.environ, **(MALLOC_ENV if env is None else env), OMP_NUM_THREADS=str(threads))
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_remat.passes.measure", str(model_path), str(threads)],
+        capture_output=True, text=True, env=environment, check=True,
+    )
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak"])
+
+
+def _status_bytes(key: str) -> int:
+    """A `kB` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _child(model_path: str, threads: int) -> int:
+    """Warm up, reset the high-water mark, run once more: the peak bytes above the RSS before the run."""
+    import onnx
+
+    from onnx_remat.passes.execute import ort_session, random_feeds
+
+    feeds = random_feeds(onnx.load(model_path, load_external_data=False), seed=0)
+    session = ort_session(model_path, threads=threads)
+    session.run(None, feeds)
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    before = _status_bytes("VmRSS")
+    session.run(None, feeds)
+    return _status_bytes("VmHWM") - before
+
+
+if __name__ == "__main__":
+    print(json.dumps({"peak": _child(sys.argv[1], int(sys.argv[2]))}))

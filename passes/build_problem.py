@@ -73,7 +73,7 @@ def build_problem(
         cost=tuple(tuple(sum(cost(n, infos) for n in nodes) for nodes in ops) for cost in device_costs.values()),
         resident_bytes=(resident,) * len(devices),
         budgets=(0,) * len(devices),
-        graph_outputs=tuple(sorted({producer[o] for o in graph_outputs if o in producer})),
+        graph_outputs=_held_to_end(ops, exported, producer, graph_outputs),
         devices=devices,
         workspace_bytes=tuple(
             _group_workspace(nodes, set(outs), infos, workspace) for nodes, outs in zip(ops, exported, strict=True)
@@ -83,6 +83,15 @@ def build_problem(
     node_names = tuple(tuple(n.name for n in nodes) for nodes in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
+
+
+def _held_to_end(
+    ops: list[list[onnx.NodeProto]], exported: list[list[str]], producer: dict[str, int], graph_outputs: set[str]
+) -> tuple[int, ...]:
+    """Operators producing graph outputs, and those whose output nothing reads: onnxruntime holds an
+    unread output until the run ends, so the problem must too."""
+    unread = {g for g, outs in enumerate(exported) if not outs}
+    return tuple(sorted({producer[o] for o in graph_outputs if o in producer} | unread))
 
 
 def _group_name(nodes: list[onnx.NodeProto]) -> str:

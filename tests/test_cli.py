@@ -129,3 +129,31 @@ def test_no_temporary_files_left(capsys, chain_path, tmp_path):
     run_cli(capsys, chain_path, tmp_path / "out.onnx", "--budget", "1KiB")
     run_cli(capsys, chain_path, tmp_path / "ok.onnx", "--budget", "100%")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.onnx", "ok.onnx"]
+
+
+def test_train_mode_no_remat_writes_training_graph(capsys, chain_path, tmp_path):
+    out = tmp_path / "train.onnx"
+    code, err = run_cli(capsys, chain_path, out, "--mode", "train", "--no-remat", "--optimizer", "sgd")
+    assert code == 0, err
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    names = {o.name for o in model.graph.output}
+    assert {"loss", "grad.w0", "w0.updated"} <= names
+
+
+def test_train_mode_without_parameters_exits_3(capsys, tmp_path):
+    model = conv_chain(depth=1)
+    relu = model.graph.node[1]
+    model.graph.ClearField("initializer")
+    model.graph.ClearField("node")
+    model.graph.node.append(onnx.helper.make_node("Relu", ["input"], ["output"], name=relu.name))
+    path = tmp_path / "noparams.onnx"
+    onnx.save(model, path)
+    code, err = run_cli(capsys, path, tmp_path / "out.onnx", "--mode", "train", "--budget", "100%")
+    assert code == 3 and "trainable" in err, err
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_no_remat_needs_train_mode(capsys, chain_path, tmp_path):
+    code, err = run_cli(capsys, chain_path, tmp_path / "out.onnx", "--no-remat")
+    assert code == 2 and "--mode train" in err

@@ -97,7 +97,7 @@ def main() -> None:
             name, mode, budgets = case.split(":")
             for budget in budgets.split(","):
                 table.add_row(*bench(name, mode, budget, Path(workdir), args.repeats))
-    Console().print(table)
+    Console(width=240).print(table)
 
 
 if __name__ == "__main__":

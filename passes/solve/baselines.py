@@ -8,34 +8,24 @@ onnxruntime does with the rewritten graph.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
-from onnx_remat.errors import ScheduleError
 from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Event, Free, Schedule
+from onnx_remat.schedule import Compute, Free, Schedule
 
 
 def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]], prune: bool = False) -> Schedule:
-    """Events for the computes `stages[t]` (in order), each output freed right after its last use.
+    """Events for the computes `stages[t]` (in order) on device 0, each output freed right after its last use.
 
     A recomputation whose output is never read is dropped (it only costs time and memory); with
     `prune`, so is a first computation whose output only a later recomputation serves (the
     frontier-advancing diagonal forces those). The last instance of each graph output is kept to the end.
     """
-    computes = _drop_unread([(stage, op) for stage, ops in enumerate(stages) for op in ops], problem, prune)
-    last_read = _last_reads(problem, computes)
-    final = _final_instances(problem, computes)
-    frees_after: dict[int, list[int]] = {}
-    for index, reader in enumerate(last_read):
-        if index not in final:
-            frees_after.setdefault(max(reader, index), []).append(computes[index][1])
-    events: list[Event] = []
-    for index, (stage, op) in enumerate(computes):
-        events.append(Compute(op, stage))
-        events.extend(Free(done, stage) for done in frees_after.get(index, []))
-    return Schedule(tuple(events))
+    steps = [Compute(op, stage) for stage, ops in enumerate(stages) for op in ops]
+    return schedule_from_steps(problem, steps, dict.fromkeys(problem.graph_outputs, 0), prune)
 
 
 def prune_unread(problem: Problem, schedule: Schedule) -> Schedule:
@@ -44,50 +34,8 @@ def prune_unread(problem: Problem, schedule: Schedule) -> Schedule:
     onnxruntime holds an output nobody reads until the run ends, so such a computation costs memory
     as well as time. The result lies outside the MILP's frontier-advancing form: use it for output only,
     never as a warm start."""
-    stages: list[list[int]] = [[] for _ in range(problem.num_ops)]
-    for compute in schedule.computes:
-        stages[compute.stage].append(compute.op)
-    return schedule_from_stages(problem, stages, prune=True)
-
-
-def _drop_unread(computes: list[tuple[int, int]], problem: Problem, prune: bool) -> list[tuple[int, int]]:
-    """Remove unread recomputations (with `prune`, any unread instance of an operator that has another).
-    Repeated: a dropped one may have been the only reader of its inputs."""
-    while True:
-        last_read = _last_reads(problem, computes)
-        final = _final_instances(problem, computes)
-        instances = Counter(op for _, op in computes)
-        seen: set[int] = set()
-        kept = []
-        for index, (stage, op) in enumerate(computes):
-            droppable = instances[op] > 1 if prune else op in seen
-            if last_read[index] < 0 and index not in final and droppable:
-                instances[op] -= 1
-            else:
-                kept.append((stage, op))
-                seen.add(op)
-        if len(kept) == len(computes):
-            return kept
-        computes = kept
-
-
-def _final_instances(problem: Problem, computes: Sequence[tuple[int, int]]) -> set[int]:
-    """Indices of the last compute of each graph output: those outputs are held to the end."""
-    latest = {op: index for index, (_, op) in enumerate(computes)}
-    return {latest[op] for op in problem.graph_outputs if op in latest}
-
-
-def _last_reads(problem: Problem, computes: Sequence[tuple[int, int]]) -> list[int]:
-    """For each compute (an instance of an output), the index of the last compute reading it, or -1."""
-    last_read = [-1] * len(computes)
-    current: dict[int, int] = {}
-    for index, (stage, op) in enumerate(computes):
-        for pred in problem.predecessors[op]:
-            if pred not in current:
-                raise ScheduleError(f"stage {stage} computes operator {op} before its input {pred} exists")
-            last_read[current[pred]] = index
-        current[op] = index
-    return last_read
+    steps = [event for event in schedule.events if not isinstance(event, Free)]
+    return schedule_from_steps(problem, steps, holders_at_end(problem, schedule), prune=True)
 
 
 def keep_all(problem: Problem) -> Schedule:
@@ -143,12 +91,38 @@ BASELINES: dict[str, Callable[[Problem], Schedule]] = {
 }
 
 
+def on_device(problem: Problem, device: int) -> Problem:
+    """`problem` restricted to one of its devices (the others unused)."""
+    return replace(
+        problem,
+        devices=(problem.devices[device],),
+        cost=(problem.cost[device],),
+        resident_bytes=(problem.resident_bytes[device],),
+        budgets=(problem.budgets[device],),
+        copy_seconds_per_byte=((0.0,),),
+    )
+
+
+def placed(schedule: Schedule, device: int) -> Schedule:
+    """A single-device schedule run on `device` instead."""
+    return Schedule(tuple(replace(event, device=device) for event in schedule.events))
+
+
+def placed_baselines(problem: Problem) -> Iterator[tuple[str, Schedule]]:
+    """Every baseline run entirely on each device in turn, named "baseline@device" when there are several."""
+    for device, name in enumerate(problem.devices):
+        single = on_device(problem, device)
+        for baseline, build in BASELINES.items():
+            label = baseline if problem.num_devices == 1 else f"{baseline}@{name}"
+            yield label, placed(build(single), device)
+
+
 def best_baseline(problem: Problem) -> tuple[str, Schedule] | None:
-    """The cheapest baseline whose peak fits device 0's budget, or None if none fits."""
+    """The cheapest baseline on one device that fits every device's budget, or None if none fits."""
     best: tuple[float, str, Schedule] | None = None
-    for name, build in BASELINES.items():
-        schedule = build(problem)
+    for name, schedule in placed_baselines(problem):
         simulation = simulate(problem, schedule)
-        if simulation.peak_bytes[0] <= problem.budgets[0] and (best is None or simulation.total_cost < best[0]):
+        fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
+        if fits and (best is None or simulation.total_cost < best[0]):
             best = (simulation.total_cost, name, schedule)
     return None if best is None else (best[1], best[2])

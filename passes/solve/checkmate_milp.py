@@ -1,14 +1,23 @@
-"""Checkmate's frontier-advancing MILP for one device, built once as a sparse model for any backend.
+"""Checkmate's frontier-advancing MILP on any number of devices (XEngine's model, linearized), built once
+as a sparse model for any backend. With one device it is Checkmate's model.
 
-Variables (stage t, operator i <= t): R[t,i] compute, S[t,i] held from stage t-1 into t (i < t),
-FREE[t,i,k] the output of i is released right after k runs in stage t (k reads i, or k == i), and
-U[t,k] the memory after k runs in stage t, resident bytes included. Stage t computes operator t for
-the first time. Graph outputs are held after the last stage (a virtual stage T with S[T,i] = 1).
+Variables per device d (stage t, operator i <= t): R[d,t,i] compute; S[d,t,i] held on d from stage t-1
+into t (i < t; S[d,T,i] for graph outputs: held after the last stage T-1); C[d,e,t,i] copy i from d to e
+in stage t; FREE[d,t,i,k] release i on d right after position k of stage t (k reads i, or k == i);
+U[d,t,k] the memory of d after position k, resident bytes included. Stage t runs positions 0..t: at
+position k, operator k is computed where R says, then copied where C says, then outputs are freed.
+Stage t computes operator t for the first time on at least one device.
 
-FREE only has to stay below the product R[t,k] * (1 - S[t+1,i]) * prod(1 - R[t,j]) over the later
-readers j of i: a free the solver leaves out only overestimates memory, and the schedule extracted
-from R and S frees every output at its last use anyway. So FREE is continuous and bounded by each
-factor, which is exact for 0/1 R and S and tighter in the LP relaxation than Checkmate's hazard rows.
+XEngine's quadratic copy term becomes C: a consumer on e needs each input computed or held on e, or
+copied to e in that stage from a device that computes or holds it. Unlike the paper (eq. 11, 13), a
+copy occupies its target's memory from its position on and may be kept there
+(S[e,t+1,i] <= S[e,t,i] + R[e,t,i] + sum_d C[d,e,t,i]), which gives offloading.
+
+FREE only has to stay below the product R[d,t,k] * (1 - S[d,t+1,i]) * prod(1 - R[d,t,j]) over the later
+readers j of i on d (for k == i, R[d,t,i] + S[d,t,i] instead of R[d,t,k]): a free the solver leaves out
+only overestimates memory, and the schedule extracted from R, S and C frees every output at its last use
+anyway. So FREE is continuous and bounded by each factor, which is exact for 0/1 values and tighter in
+the LP relaxation than Checkmate's hazard rows.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import math
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +36,9 @@ import pulp
 from scipy import sparse
 
 from onnx_remat.errors import SolverError
-from onnx_remat.passes.solve.baselines import schedule_from_stages
+from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Free, Schedule
+from onnx_remat.schedule import Compute, Copy, Schedule
 
 MilpProgress = Callable[[float, float | None, float | None], None]
 """(solver seconds, incumbent objective or None, bound or None), in model units."""
@@ -62,93 +71,151 @@ class MilpOutcome:
 
 @dataclass(frozen=True)
 class FreeVar:
-    """FREE[t, i, k]: release i after k runs in stage t."""
+    """FREE[d, t, i, k]: release i on device d after position k of stage t."""
 
+    d: int
     t: int
     i: int
     k: int
 
 
 @dataclass(frozen=True)
+class PeakRange:
+    """Minimize the peak of `device`, known to lie in [lower, upper] bytes, instead of the cost."""
+
+    device: int
+    lower: int
+    upper: int
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """A 0/1 solution: computed[d,t,i], held[d,t,i] (entering stage t; t = T: at the end), copied[d,e,t,i]."""
+
+    computed: np.ndarray
+    held: np.ndarray
+    copied: np.ndarray
+
+    @classmethod
+    def of_schedule(cls, problem: Problem, schedule: Schedule) -> Matrices:
+        """R, S and C of a schedule replayed stage by stage (copies counted in the stage they happen)."""
+        n, devices = problem.num_ops, problem.num_devices
+        m = cls(
+            np.zeros((devices, n, n), dtype=bool),
+            np.zeros((devices, n + 1, n), dtype=bool),
+            np.zeros((devices, devices, n, n), dtype=bool),
+        )
+        present: list[set[int]] = [set() for _ in range(devices)]
+        stage = 0
+
+        def advance(to: int) -> None:
+            nonlocal stage
+            while stage < to:
+                stage += 1
+                for d, ops in enumerate(present):
+                    m.held[d, stage, list(ops)] = True
+
+        for event in schedule.events:
+            advance(event.stage)
+            if isinstance(event, Compute):
+                m.computed[event.device, event.stage, event.op] = True
+                present[event.device].add(event.op)
+            elif isinstance(event, Copy):
+                m.copied[event.source, event.target, event.stage, event.op] = True
+                present[event.target].add(event.op)
+            else:
+                present[event.device].discard(event.op)
+        advance(n)
+        return m
+
+    def steps(self) -> Iterator[Step]:
+        """Computes and needed copies in stage order; at position k: k's computes, then its copies."""
+        devices, n = self.computed.shape[:2]
+        for t in range(n):
+            for k in range(t + 1):
+                here = [d for d in range(devices) if self.computed[d, t, k] and not self.held[d, t, k]]
+                yield from (Compute(k, t, d) for d in here)
+                for e in range(devices):
+                    sources = np.flatnonzero(self.copied[:, e, t, k])
+                    if len(sources) and not (self.computed[e, t, k] or self.held[e, t, k]):
+                        yield Copy(k, t, int(sources[0]), e)
+
+    def final(self, problem: Problem) -> dict[int, int]:
+        """For each graph output, the first device holding it at the end."""
+        return {i: int(np.flatnonzero(self.held[:, problem.num_ops, i])[0]) for i in problem.graph_outputs}
+
+
+@dataclass(frozen=True)
 class CheckmateModel:
-    """The sparse MILP plus where each variable lives and the units it is expressed in.
+    """The sparse MILP plus where each variable lives (-1: no variable) and its units.
 
     `objective_unit` is seconds (cost model) or bytes (peak model) per unit of the MILP objective.
     """
 
     problem: Problem
-    device: int
     milp: SparseMilp
     r: np.ndarray
     s: np.ndarray
+    c: np.ndarray
     u: np.ndarray
     frees: tuple[FreeVar, ...]
     free_cols: np.ndarray
+    peak: PeakRange | None
     peak_col: int | None
     objective_unit: float
     memory_unit: float
 
+    def matrices(self, x: np.ndarray) -> Matrices:
+        """The 0/1 matrices of a solution vector."""
+        return Matrices(*(_values(index, x) > 0.5 for index in (self.r, self.s, self.c)))
+
     def schedule(self, x: np.ndarray) -> Schedule:
-        """The schedule for a 0/1 solution: recomputes of held outputs dropped, frees at last use."""
-        n = self.problem.num_ops
-        held = np.zeros((n, n), dtype=bool)
-        held[self.s >= 0] = x[self.s[self.s >= 0]] > 0.5
-        computed = np.zeros((n, n), dtype=bool)
-        computed[self.r >= 0] = x[self.r[self.r >= 0]] > 0.5
-        stages = [[i for i in range(t + 1) if computed[t, i] and not held[t, i]] for t in range(n)]
-        return schedule_from_stages(self.problem, stages)
+        """The schedule of a 0/1 solution: recomputes and copies of held outputs dropped, frees at last use."""
+        m = self.matrices(x)
+        return schedule_from_steps(self.problem, list(m.steps()), m.final(self.problem))
 
     def assignment(self, schedule: Schedule) -> np.ndarray:
         """The full solution vector of a frontier-advancing schedule (a warm start)."""
-        computed, held = _matrices(self.problem.num_ops, schedule, self.device)
+        m = Matrices.of_schedule(self.problem, schedule)
         x = np.zeros(len(self.milp.cost))
-        x[self.r[self.r >= 0]] = computed[self.r >= 0]
-        x[self.s[self.s >= 0]] = held[self.s >= 0]
-        x[self.free_cols] = [self._free_value(computed, held, f) for f in self.frees]
-        self._fill_memory(x, computed)
+        for index, values in ((self.r, m.computed), (self.s, m.held), (self.c, m.copied)):
+            x[index[index >= 0]] = values[index >= 0]
+        x[self.free_cols] = [self._free_value(m, f) for f in self.frees]
+        self._fill_memory(x, m)
         return x
 
-    def _free_value(self, computed: np.ndarray, held: np.ndarray, f: FreeVar) -> float:
-        """The product R[t,k] (1 - S[t+1,i]) prod (1 - R[t,j]) over later readers j of i."""
+    def _free_value(self, m: Matrices, f: FreeVar) -> float:
+        """The product of the factors bounding FREE[d,t,i,k] (see the module docstring)."""
+        present = m.computed[f.d, f.t, f.k] or (f.k == f.i and m.held[f.d, f.t, f.i])
+        kept = self.s[f.d, f.t + 1, f.i] >= 0 and m.held[f.d, f.t + 1, f.i]
         later = (j for j in self.problem.successors[f.i] if f.k < j <= f.t)
-        kept = held[f.t + 1, f.i] if f.t + 1 < self.problem.num_ops else f.i in self.problem.graph_outputs
-        return float(computed[f.t, f.k] and not kept and not any(computed[f.t, j] for j in later))
+        return float(present and not kept and not any(m.computed[f.d, f.t, j] for j in later))
 
-    def _fill_memory(self, x: np.ndarray, computed: np.ndarray) -> None:
-        """U by its recurrence from R, S and FREE; the peak variable (if any) as the largest need."""
+    def _fill_memory(self, x: np.ndarray, m: Matrices) -> None:
+        """U by its recurrence from R, S, C and FREE; the peak variable (if any) as the peak device's need."""
         p, unit = self.problem, self.memory_unit
-        freed: dict[tuple[int, int], float] = {}
+        freed: dict[tuple[int, int, int], float] = {}
         for f, col in zip(self.frees, self.free_cols, strict=True):
-            freed[f.t, f.k] = freed.get((f.t, f.k), 0.0) + x[col] * p.output_bytes[f.i] / unit
-        need = 0.0
-        for t in range(p.num_ops):
-            memory = p.resident_bytes[self.device] / unit
-            memory += sum(x[self.s[t, i]] * p.output_bytes[i] / unit for i in range(t))
-            for k in range(t + 1):
-                memory += computed[t, k] * p.output_bytes[k] / unit - (freed.get((t, k - 1), 0.0) if k else 0.0)
-                x[self.u[t, k]] = memory
-                need = max(need, memory + computed[t, k] * p.workspace_bytes[k] / unit)
-        if self.peak_col is not None:
-            x[self.peak_col] = need
+            freed[f.d, f.t, f.k] = freed.get((f.d, f.t, f.k), 0.0) + x[col] * p.output_bytes[f.i] / unit
+        arrived = m.computed + m.copied.any(axis=0)
+        sizes = np.array(p.output_bytes, dtype=float)
+        for d in range(p.num_devices):
+            need = 0.0
+            for t in range(p.num_ops):
+                memory = (p.resident_bytes[d] + sizes[:t] @ m.held[d, t, :t]) / unit
+                for k in range(t + 1):
+                    memory += arrived[d, t, k] * p.output_bytes[k] / unit - freed.get((d, t, k - 1), 0.0)
+                    x[self.u[d, t, k]] = memory
+                    need = max(need, memory + m.computed[d, t, k] * p.workspace_bytes[k] / unit)
+            if self.peak is not None and self.peak.device == d:
+                x[self.peak_col] = need
 
 
-def _matrices(n: int, schedule: Schedule, device: int) -> tuple[np.ndarray, np.ndarray]:
-    """R[t,i] and S[t,i] (held when stage t starts) of a schedule, replayed on one device."""
-    computed = np.zeros((n, n), dtype=bool)
-    held = np.zeros((n, n), dtype=bool)
-    present: set[int] = set()
-    stage = 0
-    for event in schedule.events:
-        if isinstance(event, (Compute, Free)) and event.device == device:
-            while stage < event.stage:
-                stage += 1
-                held[stage, list(present)] = True
-            if isinstance(event, Compute):
-                computed[event.stage, event.op] = True
-                present.add(event.op)
-            else:
-                present.discard(event.op)
-    return computed, held
+def _values(index: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x at each entry of an index array, 0 where there is no variable."""
+    values = np.zeros(index.shape)
+    values[index >= 0] = x[index[index >= 0]]
+    return values
 
 
 class _Builder:
@@ -180,6 +247,18 @@ class _Builder:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
+    def at_most(self, col: int, others: list[int], limit: float = 0.0) -> None:
+        """x[col] - sum(x[others]) <= limit, skipping missing (-1) variables."""
+        others = [int(o) for o in others if o >= 0]
+        self.row([int(col), *others], [1.0] + [-1.0] * len(others), -math.inf, limit)
+
+    def at_least_one(self, cols: np.ndarray) -> None:
+        """sum(x[cols]) >= 1, as a lower bound when there is one column."""
+        if len(cols) == 1:
+            self.lower[int(cols[0])] = 1.0
+        else:
+            self.row([int(col) for col in cols], [1.0] * len(cols), 1.0, math.inf)
+
     def build(self) -> SparseMilp:
         shape = (len(self.row_lower), len(self.cost))
         matrix = sparse.csr_matrix((self.entry_vals, (self.entry_rows, self.entry_cols)), shape=shape)
@@ -194,34 +273,31 @@ class _Builder:
         )
 
 
-def build_model(problem: Problem, device: int = 0, peak_range: tuple[int, int] | None = None) -> CheckmateModel:
-    """The MILP minimizing compute cost within the device's budget, or the peak itself within `peak_range`."""
-    n = problem.num_ops
-    costs = problem.cost[device]
-    cost_unit = max(costs) if max(costs, default=0.0) > 0 else 1.0
-    memory_unit = max(1.0, (problem.keep_all_bytes(device) + max(problem.workspace_bytes, default=0)) / MEMORY_STEPS)
+def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateModel:
+    """The MILP minimizing compute and copy cost within every budget, or `peak.device`'s peak within its range."""
+    n, devices = problem.num_ops, problem.num_devices
+    cost_unit = max((c for row in problem.cost for c in row), default=0.0) or 1.0
+    largest = max(problem.keep_all_bytes(d) for d in range(devices)) + max(problem.workspace_bytes, default=0)
+    memory_unit = max(1.0, largest / MEMORY_STEPS)
     b = _Builder()
-    r = _triangle(n, 0, b, integer=True)
-    s = _triangle(n, -1, b, integer=True)
-    u = _triangle(n, 0, b, integer=False, upper=math.inf)
+    r = np.stack([_triangle(n, 0, b, integer=True) for _ in range(devices)])
+    s = np.stack([_held_columns(problem, b) for _ in range(devices)])
+    c = _copy_columns(problem, b)
+    u = np.stack([_triangle(n, 0, b, integer=False, upper=math.inf) for _ in range(devices)])
     frees = tuple(
-        FreeVar(t, i, k)
-        for t in range(n)
-        for k in range(t + 1)
+        FreeVar(d, t, i, k) for d in range(devices) for t in range(n) for k in range(t + 1)
         for i in (*problem.predecessors[k], k)
-        if t + 1 < n or i not in problem.graph_outputs
     )
     free_cols = b.columns(len(frees), 0.0, 1.0, integer=False)
-    for t in range(n):
-        b.lower[r[t, t]] = 1.0
-        for i in range(t + 1):
-            b.cost[r[t, i]] = 0.0 if peak_range else costs[i] / cost_unit
-    _stage_rows(problem, b, r, s)
+    if peak is None:
+        _objective(problem, b, r, c, cost_unit)
+    _stage_rows(problem, b, r, s, c)
+    _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, r, s, frees, free_cols)
-    _memory_rows(problem, device, b, (r, s, u), frees, free_cols, memory_unit)
-    peak_col = _limit_rows(problem, device, b, r, u, memory_unit, peak_range)
-    unit = memory_unit if peak_range else cost_unit
-    return CheckmateModel(problem, device, b.build(), r, s, u, frees, free_cols, peak_col, unit, memory_unit)
+    _memory_rows(problem, b, (r, s, c, u), frees, free_cols, memory_unit)
+    peak_col = _limit_rows(problem, b, r, u, memory_unit, peak)
+    unit = memory_unit if peak else cost_unit
+    return CheckmateModel(problem, b.build(), r, s, c, u, frees, free_cols, peak, peak_col, unit, memory_unit)
 
 
 def _triangle(n: int, diagonal: int, b: _Builder, integer: bool, upper: float = 1.0) -> np.ndarray:
@@ -232,109 +308,186 @@ def _triangle(n: int, diagonal: int, b: _Builder, integer: bool, upper: float = 
     return index
 
 
-def _stage_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray) -> None:
-    """Keep only what was held or computed; compute only from what is held or computed; outputs at the end."""
+def _held_columns(problem: Problem, b: _Builder) -> np.ndarray:
+    """S of one device: (T+1) x T, i < t, and in row T the graph outputs (held at the end)."""
     n = problem.num_ops
-    for t in range(n - 1):
-        for i in range(t):
-            b.row([int(s[t + 1, i]), int(s[t, i]), int(r[t, i])], [1.0, -1.0, -1.0], -math.inf, 0.0)
-    for u, v in set(problem.edges):
-        for t in range(v, n):
-            b.row([int(r[t, v]), int(r[t, u]), int(s[t, u])], [1.0, -1.0, -1.0], -math.inf, 0.0)
-    for i in set(problem.graph_outputs):
-        if i < n - 1:
-            b.row([int(r[n - 1, i]), int(s[n - 1, i])], [1.0, 1.0], 1.0, math.inf)
+    index = np.vstack([_triangle(n, -1, b, integer=True), np.full((1, n), -1, dtype=np.int64)])
+    outputs = sorted(set(problem.graph_outputs))
+    index[n, outputs] = b.columns(len(outputs), 0.0, 1.0, integer=True)
+    return index
+
+
+def _copy_columns(problem: Problem, b: _Builder) -> np.ndarray:
+    """C[d,e,t,i] for d != e and i <= t, if something reads i or i is a graph output."""
+    n, devices = problem.num_ops, problem.num_devices
+    index = np.full((devices, devices, n, n), -1, dtype=np.int64)
+    useful = [i for i in range(n) if problem.successors[i] or i in problem.graph_outputs]
+    for d in range(devices):
+        for e in range(devices):
+            if d != e:
+                cells = [(t, i) for i in useful for t in range(i, n)]
+                index[d, e, [t for t, _ in cells], [i for _, i in cells]] = b.columns(len(cells), 0.0, 1.0, True)
+    return index
+
+
+def _objective(problem: Problem, b: _Builder, r: np.ndarray, c: np.ndarray, cost_unit: float) -> None:
+    """Seconds of every compute and every copy, in units of `cost_unit`."""
+    for d, costs in enumerate(problem.cost):
+        for (_, i), col in np.ndenumerate(r[d]):
+            if col >= 0:
+                b.cost[col] = costs[i] / cost_unit
+    for (d, e, _, i), col in np.ndenumerate(c):
+        if col >= 0:
+            b.cost[col] = problem.output_bytes[i] * problem.copy_seconds_per_byte[d][e] / cost_unit
+
+
+def _stage_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
+    """Keep only what was held, computed or copied in; compute only from that; the frontier; outputs at the end."""
+    n, devices = problem.num_ops, problem.num_devices
+    for e in range(devices):
+        for t in range(n):
+            for i in range(t + 1):
+                if s[e, t + 1, i] >= 0:
+                    b.at_most(s[e, t + 1, i], [s[e, t, i], r[e, t, i], *c[:, e, t, i]])
+        for u, v in set(problem.edges):
+            for t in range(v, n):
+                b.at_most(r[e, t, v], [r[e, t, u], s[e, t, u], *c[:, e, t, u]])
+        for t in range(n):
+            for i in range(t):
+                _used_row(problem, b, (r, s, c), e, t, i)
     for t in range(n):
-        for i in range(t):
-            _used_row(problem, b, r, s, t, i)
+        b.at_least_one(r[:, t, t])
+    for i in set(problem.graph_outputs):
+        b.at_least_one(s[:, n, i])
 
 
-def _used_row(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, t: int, i: int) -> None:
-    """R[t,i] <= readers of i computed later in stage t + S[t+1,i]: a recompute nobody uses is waste.
+def _used_row(problem: Problem, b: _Builder, rsc: tuple[np.ndarray, ...], e: int, t: int, i: int) -> None:
+    """R[e,t,i] <= readers of i computed later on e in stage t + S[e,t+1,i] + copies of i out of e.
 
-    Dropping such a recompute never costs more or needs more memory, so the optimum is unchanged;
-    the row only removes useless branches and tightens the relaxation.
+    Dropping a recompute nobody uses never costs more or needs more memory, so the optimum is
+    unchanged; the row only removes useless branches and tightens the relaxation.
     """
-    n = problem.num_ops
-    if t == n - 1 and i in problem.graph_outputs:
-        return
-    cols = [int(r[t, i])] + [int(r[t, j]) for j in problem.successors[i] if j <= t]
-    vals = [1.0] + [-1.0] * (len(cols) - 1)
-    if t + 1 < n:
-        cols.append(int(s[t + 1, i]))
-        vals.append(-1.0)
-    b.row(cols, vals, -math.inf, 0.0)
+    r, s, c = rsc
+    readers = [r[e, t, j] for j in problem.successors[i] if j <= t]
+    b.at_most(r[e, t, i], [*readers, s[e, t + 1, i], *c[e, :, t, i]])
+
+
+def _copy_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
+    """C[d,e,t,i] <= R[d,t,i] + S[d,t,i] (the source has it) and <= its readers on e in stage t + S[e,t+1,i]."""
+    for (d, e, t, i), col in np.ndenumerate(c):
+        if col >= 0:
+            b.at_most(col, [r[d, t, i], s[d, t, i]])
+            readers = [r[e, t, j] for j in problem.successors[i] if j <= t]
+            b.at_most(col, [*readers, s[e, t + 1, i]])
 
 
 def _free_rows(
     problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, frees: tuple[FreeVar, ...], cols: np.ndarray
 ) -> None:
-    """FREE[t,i,k] <= R[t,k], <= 1 - S[t+1,i], <= 1 - R[t,j] for every reader j of i after k in stage t."""
-    n = problem.num_ops
+    """FREE[d,t,i,k] <= R[d,t,k] (k == i: + S[d,t,i]), <= 1 - S[d,t+1,i], <= 1 - R[d,t,j] for readers j after k."""
     for f, col in zip(frees, cols, strict=True):
         col = int(col)
-        b.row([col, int(r[f.t, f.k])], [1.0, -1.0], -math.inf, 0.0)
-        if f.t + 1 < n:
-            b.row([col, int(s[f.t + 1, f.i])], [1.0, 1.0], -math.inf, 1.0)
+        b.at_most(col, [r[f.d, f.t, f.k]] + ([s[f.d, f.t, f.i]] if f.k == f.i else []))
+        kept = s[f.d, f.t + 1, f.i]
+        if kept >= 0:
+            b.row([col, int(kept)], [1.0, 1.0], -math.inf, 1.0)
         for j in problem.successors[f.i]:
             if f.k < j <= f.t:
-                b.row([col, int(r[f.t, j])], [1.0, 1.0], -math.inf, 1.0)
+                b.row([col, int(r[f.d, f.t, j])], [1.0, 1.0], -math.inf, 1.0)
 
 
 def _memory_rows(
     problem: Problem,
-    device: int,
     b: _Builder,
-    rsu: tuple[np.ndarray, np.ndarray, np.ndarray],
+    rscu: tuple[np.ndarray, ...],
     frees: tuple[FreeVar, ...],
     free_cols: np.ndarray,
     memory_unit: float,
 ) -> None:
-    """U[t,0] = resident + held + R[t,0] m_0; U[t,k] = U[t,k-1] - freed after k-1 + R[t,k] m_k."""
-    r, s, u = rsu
+    """U[d,t,0] = resident + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals of k.
+
+    An arrival of k on d is its computation there or a copy of it to d.
+    """
+    r, s, c, u = rscu
     sizes = [size / memory_unit for size in problem.output_bytes]
-    resident = problem.resident_bytes[device] / memory_unit
-    freed: dict[tuple[int, int], tuple[list[int], list[float]]] = {}
+    freed: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
     for f, col in zip(frees, free_cols, strict=True):
-        cols, vals = freed.setdefault((f.t, f.k), ([], []))
+        cols, vals = freed.setdefault((f.d, f.t, f.k), ([], []))
         cols.append(int(col))
         vals.append(sizes[f.i])
-    for t in range(problem.num_ops):
-        cols = [int(u[t, 0]), int(r[t, 0])] + [int(s[t, i]) for i in range(t)]
-        vals = [1.0, -sizes[0]] + [-sizes[i] for i in range(t)]
-        b.row(cols, vals, resident, resident)
-        for k in range(1, t + 1):
-            fcols, fvals = freed.get((t, k - 1), ([], []))
-            b.row([int(u[t, k]), int(u[t, k - 1]), int(r[t, k]), *fcols], [1.0, -1.0, -sizes[k], *fvals], 0.0, 0.0)
+    for d in range(problem.num_devices):
+        resident = problem.resident_bytes[d] / memory_unit
+        for t in range(problem.num_ops):
+            arrivals = _arrivals(r, c, d, t, 0)
+            cols = [int(u[d, t, 0]), *(int(s[d, t, i]) for i in range(t)), *arrivals]
+            vals = [1.0, *(-sizes[i] for i in range(t)), *[-sizes[0]] * len(arrivals)]
+            b.row(cols, vals, resident, resident)
+            for k in range(1, t + 1):
+                fcols, fvals = freed.get((d, t, k - 1), ([], []))
+                arrivals = _arrivals(r, c, d, t, k)
+                cols = [int(u[d, t, k]), int(u[d, t, k - 1]), *fcols, *arrivals]
+                b.row(cols, [1.0, -1.0, *fvals] + [-sizes[k]] * len(arrivals), 0.0, 0.0)
+
+
+def _arrivals(r: np.ndarray, c: np.ndarray, d: int, t: int, k: int) -> list[int]:
+    """The columns that put k's output on d at position k of stage t: its compute and copies to d."""
+    return [int(r[d, t, k])] + [int(col) for col in c[:, d, t, k] if col >= 0]
 
 
 def _limit_rows(
     problem: Problem,
-    device: int,
     b: _Builder,
     r: np.ndarray,
     u: np.ndarray,
     memory_unit: float,
-    peak_range: tuple[int, int] | None,
+    peak: PeakRange | None,
 ) -> int | None:
-    """U[t,k] + workspace_k R[t,k] <= the budget, or <= a peak variable B (returned) to minimize.
+    """U[d,t,k] + workspace_k R[d,t,k] <= d's budget, or on the peak device <= a peak variable B (returned).
 
     The budget gets half a byte of slack: peaks are whole bytes, so this is exact and keeps solver
     tolerances from cutting off a schedule that fits to the byte.
     """
     peak_col = None
-    if peak_range is None:
-        limit = (problem.budgets[device] + 0.5) / memory_unit
-    else:
-        peak_col = int(b.columns(1, peak_range[0] / memory_unit, (peak_range[1] + 0.5) / memory_unit, False)[0])
+    if peak is not None:
+        bounds = peak.lower / memory_unit, (peak.upper + 0.5) / memory_unit
+        peak_col = int(b.columns(1, *bounds, integer=False)[0])
         b.cost[peak_col] = 1.0
-        limit = 0.0
-    for t in range(problem.num_ops):
-        for k in range(t + 1):
-            cols = [int(u[t, k]), int(r[t, k])] + ([peak_col] if peak_col is not None else [])
-            vals = [1.0, problem.workspace_bytes[k] / memory_unit] + ([-1.0] if peak_col is not None else [])
-            b.row(cols, vals, -math.inf, limit)
+    for d in range(problem.num_devices):
+        limited = peak is not None and peak.device == d
+        limit = 0.0 if limited else (problem.budgets[d] + 0.5) / memory_unit
+        extra = ([peak_col], [-1.0]) if limited else ([], [])
+        for t in range(problem.num_ops):
+            for k in range(t + 1):
+                cols = [int(u[d, t, k]), int(r[d, t, k]), *extra[0]]
+                b.row(cols, [1.0, problem.workspace_bytes[k] / memory_unit, *extra[1]], -math.inf, limit)
     return peak_col
+
+
+def write_mps(problem: Problem, path: str | Path) -> None:
+    """Write the cost-minimizing MILP of `problem` as an MPS file with readable column names."""
+    model = build_model(problem)
+    lp = _highs_lp(model.milp)
+    lp.col_names_ = column_names(model)
+    lp.row_names_ = [f"r{row}" for row in range(lp.num_row_)]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.passModel(lp)
+    if h.writeModel(str(path)) != highspy.HighsStatus.kOk:
+        raise SolverError(f"HiGHS could not write {path}")
+
+
+def column_names(model: CheckmateModel) -> list[str]:
+    """R_d_t_i, S_d_t_i, C_d_e_t_i, U_d_t_k, FREE_d_t_i_k and PEAK, by column."""
+    names = [""] * len(model.milp.cost)
+    for prefix, index in (("R", model.r), ("S", model.s), ("C", model.c), ("U", model.u)):
+        for position, col in np.ndenumerate(index):
+            if col >= 0:
+                names[col] = "_".join((prefix, *map(str, position)))
+    for f, col in zip(model.frees, model.free_cols, strict=True):
+        names[col] = f"FREE_{f.d}_{f.t}_{f.i}_{f.k}"
+    if model.peak_col is not None:
+        names[model.peak_col] = "PEAK"
+    return names
 
 
 def solve_highs(

@@ -1,6 +1,8 @@
 """The smallest budget any schedule fits in: a quick lower bound and the peak-minimizing MILP.
 
-The CLI states this number when it refuses a budget, so a user knows what to ask for instead.
+The CLI states this number when it refuses a budget, so a user knows what to ask for instead. With
+several devices, the minimum budget of one device is taken with every other device held to its
+given budget (and free to take work over, copies included).
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.baselines import BASELINES
-from onnx_remat.passes.solve.checkmate_milp import build_model, solve_highs
+from onnx_remat.passes.solve.baselines import placed_baselines
+from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model, solve_highs
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
 
@@ -23,24 +25,36 @@ class MinBudget:
     feasible: int
 
 
-def quick_lower_bound(problem: Problem, device: int = 0) -> int:
-    """A bound no schedule beats: the largest single step, its last input's production, or all outputs.
+def step_bytes(problem: Problem, v: int) -> int:
+    """What running operator v holds on its device besides resident memory: inputs, output, workspace."""
+    return sum(problem.output_bytes[op] for op in {v, *problem.predecessors[v]}) + problem.workspace_bytes[v]
 
-    When operator v runs, its inputs and output are held. Earlier, when the last of its inputs p was
-    computed, the other inputs of v, p's own inputs, p and p's workspace were all held at once.
+
+def quick_lower_bound(problem: Problem, device: int = 0) -> int:
+    """A bound no schedule beats on `device`.
+
+    One device: the largest single step, its last input's production, or all outputs. When operator
+    v runs, its inputs and output are held; earlier, when the last of its inputs p was computed, the
+    other inputs of v, p's own inputs, p and p's workspace were all held at once. Several devices: the
+    largest step among the operators that fit on no other device within its budget.
     """
+    resident = problem.resident_bytes[device]
+    if problem.num_devices > 1:
+        others = [d for d in range(problem.num_devices) if d != device]
+        forced = (
+            step_bytes(problem, v)
+            for v in range(problem.num_ops)
+            if all(problem.resident_bytes[d] + step_bytes(problem, v) > problem.budgets[d] for d in others)
+        )
+        return resident + max(forced, default=0)
     sizes, preds = problem.output_bytes, problem.predecessors
 
-    def held(ops: set[int]) -> int:
-        return sum(sizes[op] for op in ops)
+    def last_input(v: int) -> int:
+        held = (sum(sizes[op] for op in {p, *preds[v], *preds[p]}) + problem.workspace_bytes[p] for p in preds[v])
+        return min(held, default=0)
 
-    def step(v: int) -> int:
-        running = held({v, *preds[v]}) + problem.workspace_bytes[v]
-        last_input = min((held({p, *preds[v], *preds[p]}) + problem.workspace_bytes[p] for p in preds[v]), default=0)
-        return max(running, last_input)
-
-    steps = max((step(v) for v in range(problem.num_ops)), default=0)
-    return problem.resident_bytes[device] + max(steps, held(set(problem.graph_outputs)))
+    steps = max((max(step_bytes(problem, v), last_input(v)) for v in range(problem.num_ops)), default=0)
+    return resident + max(steps, sum(sizes[op] for op in set(problem.graph_outputs)))
 
 
 def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) -> MinBudget:
@@ -48,16 +62,11 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     if problem.num_ops == 0:
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
-    peak, schedule = min(
-        ((_peak(problem, schedule, device), schedule) for schedule in (build(problem) for build in BASELINES.values())),
-        key=lambda pair: pair[0],
-    )
+    peak, schedule = min(_candidates(problem, device), key=lambda pair: pair[0])
     if peak == lower:
         return MinBudget(lower, peak)
-    model = build_model(problem, device, peak_range=(lower, peak))
-    outcome = solve_highs(
-        model.milp, time_limit, model.assignment(schedule), gaps=(0.0, 0.5 / model.memory_unit)
-    )
+    model = build_model(problem, PeakRange(device, lower, peak))
+    outcome = solve_highs(model.milp, time_limit, model.assignment(schedule), gaps=(0.0, 0.5 / model.memory_unit))
     if outcome.x is not None:
         peak = min(peak, _peak(problem, model.schedule(outcome.x), device))
     if outcome.status == "optimal":
@@ -67,6 +76,16 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     return MinBudget(min(lower, peak), peak)
 
 
+def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
+    """(peak on `device`, schedule) of the baselines on one device that fit every other device's budget."""
+    found = []
+    for _, schedule in placed_baselines(problem):
+        peaks = simulate(problem, schedule).peak_bytes
+        if all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device):
+            found.append((peaks[device], schedule))
+    return found
+
+
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
-    """The simulated peak of `schedule` on `device` (budgets do not matter here)."""
+    """The simulated peak of `schedule` on `device` (its budget does not matter here)."""
     return simulate(problem, schedule).peak_bytes[device]

@@ -1,0 +1,160 @@
+"""The multi-device MILP: hand-made cases with known optima, three devices, HiGHS against CBC on random DAGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.solve import SolveResult, solve
+from onnx_remat.passes.solve.baselines import keep_all, on_device
+from onnx_remat.passes.solve.checkmate_milp import build_model, write_mps
+from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, step_bytes
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy
+
+
+def problem(edges, sizes, costs, budgets, copy=0.1, outputs=None, workspace=None, resident=None) -> Problem:
+    """Operators 0..n-1 on len(costs) devices; `copy` seconds per byte between any two devices."""
+    n, devices = len(sizes), len(costs)
+    return Problem(
+        op_names=tuple(f"op{i}" for i in range(n)),
+        edges=tuple(sorted(set(edges))),
+        output_bytes=tuple(sizes),
+        cost=tuple(tuple(float(c) for c in row) for row in costs),
+        resident_bytes=tuple(resident or (0,) * devices),
+        budgets=tuple(budgets),
+        graph_outputs=tuple(outputs if outputs is not None else (n - 1,)),
+        devices=tuple(f"dev{d}" for d in range(devices)),
+        workspace_bytes=tuple(workspace or ()),
+        copy_seconds_per_byte=tuple(tuple(0.0 if d == e else copy for e in range(devices)) for d in range(devices)),
+    )
+
+
+def checked(p: Problem, result: SolveResult) -> SolveResult:
+    """The result after the simulator agrees with its cost and budgets."""
+    assert check_schedule(p, result.schedule).total_cost == pytest.approx(result.objective)
+    return result
+
+
+def copies(result: SolveResult) -> list[Copy]:
+    return [e for e in result.schedule.events if isinstance(e, Copy)]
+
+
+def devices_of(result: SolveResult) -> dict[int, set[int]]:
+    """For each operator, the devices computing it."""
+    found: dict[int, set[int]] = {}
+    for c in result.schedule.computes:
+        found.setdefault(c.op, set()).add(c.device)
+    return found
+
+
+def test_big_input_on_the_slow_device_small_one_copied_to_the_fast_device():
+    """op0 and op1 only fit the slow device; the expensive op2 runs on the fast one after a 1-byte copy."""
+    p = problem([(0, 1), (1, 2)], [10, 1, 1], [[1, 1, 10], [10, 10, 100]], [3, 100])
+    result = checked(p, solve(p))
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(10 + 10 + 10 + 0.1)
+    assert devices_of(result) == {0: {1}, 1: {1}, 2: {0}}
+    assert copies(result) == [Copy(1, 2, 1, 0)]
+
+
+@pytest.mark.parametrize(("fast_budget", "expected"), [(10, 11.0), (11, 2.0 + 10 * 0.1)])
+def test_a_copy_occupies_its_target(fast_budget: int, expected: float):
+    """op1 is cheap on device 0 but needs op0 (10 bytes; its workspace keeps it off device 0) copied
+    there: with budget 10 the copy does not fit beside op1's output, which the paper's model ignores."""
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 10]], [fast_budget, 100], workspace=[5, 0])
+    result = checked(p, solve(p))
+    assert result.objective == pytest.approx(expected)
+    assert bool(copies(result)) == (fast_budget == 11)
+
+
+def test_offloading_a_skip_tensor_beats_recomputing_it():
+    """op0 is costly and read again by op3; device 0 cannot hold it through op2, so it is copied to
+    device 1, kept there, and copied back for op3."""
+    costs = [[100, 1, 1, 1], [1000, 10, 10, 10]]
+    p = problem([(0, 1), (1, 2), (2, 3), (0, 3)], [10, 10, 10, 1], costs, [25, 100])
+    result = checked(p, solve(p))
+    assert result.objective == pytest.approx(103 + 2 * 10 * 0.1)
+    assert [(c.op, c.source, c.target) for c in copies(result)] == [(0, 0, 1), (0, 1, 0)]
+    assert all(c.device == 0 for c in result.schedule.computes)
+
+
+def test_no_single_device_fits_but_a_mixed_schedule_does():
+    """Graph outputs op0 and op2 (10 bytes each) cannot both stay on one 15-byte device."""
+    p = problem([(0, 1), (1, 2)], [10, 1, 10], [[1, 1, 1], [1, 1, 1]], [15, 15], outputs=(0, 2))
+    for device in range(2):
+        with pytest.raises(InfeasibleBudgetError):
+            solve(on_device(p, device))
+    result = checked(p, solve(p))
+    assert result.objective == pytest.approx(3 + 0.1)
+
+
+def test_three_devices_each_run_what_they_are_fastest_at():
+    costs = [[1, 9, 9], [9, 1, 9], [9, 9, 1]]
+    p = problem([(0, 1), (1, 2)], [1, 1, 1], costs, [10, 10, 10], copy=0.5)
+    result = checked(p, solve(p))
+    assert result.objective == pytest.approx(3 + 2 * 0.5)
+    assert devices_of(result) == {0: {0}, 1: {1}, 2: {2}}
+
+
+def test_minimum_budget_of_one_device_with_the_others_fixed():
+    """Device 1 can do everything with 100 bytes; with 10 it can make op0 but not run op1 beside it."""
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 10]], [0, 100], resident=(3, 0))
+    assert minimum_budget(p, 0) == MinBudget(3, 3)
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 10]], [100, 10])
+    assert minimum_budget(p, 0) == MinBudget(11, 11)
+    # Device 1 cannot keep output op0 while running op2: op0 moves to device 0 (not op2, which needs 11).
+    p = problem([(0, 1), (1, 2)], [10, 1, 10], [[1, 1, 1], [1, 1, 1]], [100, 15], outputs=(0, 2))
+    assert minimum_budget(p, 0) == MinBudget(10, 10)
+
+
+def test_write_mps(tmp_path: Path):
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 10]], [11, 100])
+    path = tmp_path / "model.mps"
+    write_mps(p, path)
+    text = path.read_text()
+    assert "C_1_0_1_0" in text and "R_0_1_1" in text
+    assert text.count("\n") > len(build_model(p).milp.cost)
+
+
+@st.composite
+def two_device_problems(draw) -> Problem:
+    n = draw(st.integers(2, 5))
+    edges = [(u, v) for v in range(1, n) for u in draw(st.sets(st.integers(0, v - 1), min_size=1, max_size=2))]
+    sizes = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
+    costs = [draw(st.lists(st.integers(1, 9), min_size=n, max_size=n)) for _ in range(2)]
+    single = problem(edges, sizes, costs[:1], [10**9])
+    keep = simulate(single, keep_all(single)).peak_bytes[0]
+    step = max(step_bytes(single, v) for v in range(n))
+    budgets = [int(step + (keep - step) * draw(st.floats(0.0, 1.0))) for _ in range(2)]
+    return problem(edges, sizes, costs, budgets, copy=draw(st.sampled_from([0.0, 0.05, 0.5])))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_device_problems())
+def test_highs_and_cbc_agree_and_beat_every_single_device(p: Problem):
+    try:
+        highs = checked(p, solve(p, "highs"))
+    except InfeasibleBudgetError:
+        with pytest.raises(InfeasibleBudgetError):
+            solve(p, "cbc")
+        return
+    cbc = checked(p, solve(p, "cbc"))
+    assert highs.status == cbc.status == "optimal"
+    assert highs.model_objective == pytest.approx(cbc.model_objective, abs=1e-6)
+    for device in range(2):
+        try:
+            single = solve(on_device(p, device))
+        except InfeasibleBudgetError:
+            continue
+        assert highs.model_objective <= single.model_objective + 1e-9
+
+
+def test_every_compute_lands_on_a_valid_device():
+    p = problem([(0, 1), (1, 2)], [10, 1, 1], [[1, 1, 10], [10, 10, 100]], [3, 100])
+    assert all(isinstance(c, Compute) and c.device in (0, 1) for c in solve(p).schedule.computes)

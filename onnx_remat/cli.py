@@ -1,8 +1,13 @@
-"""Command line: `onnx-remat IN.onnx OUT.onnx --budget B`, a thin layer over `onnx_remat.remat`."""
+"""Command line: `onnx-remat IN.onnx OUT.onnx --budget B`, a thin layer over `onnx_remat.remat`, and
+subcommands (`onnx-remat COMMAND ...`), each a module in `onnx_remat.commands` registered in COMMANDS.
+
+A command module has `build_parser() -> argparse.ArgumentParser` and `run(args, console) -> None`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -23,6 +28,9 @@ from onnx_remat.pipeline import (
 )
 from onnx_remat.plot import plot_schedule
 
+COMMANDS: dict[str, str] = {}
+"""Subcommand name -> the module in onnx_remat.commands that implements it."""
+
 EXIT_CODES = """exit codes:
   0  success
   1  internal error (a bug: please report it)
@@ -38,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-remat",
         description="Rewrite an ONNX model so that it runs within a memory budget, recomputing what it must.",
-        epilog=EXIT_CODES,
+        epilog=_commands_help() + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", help="the ONNX model to rewrite")
@@ -70,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     return parser
+
+
+def _commands_help() -> str:
+    """The epilog lines naming the subcommands, if any are registered."""
+    if not COMMANDS:
+        return ""
+    names = ", ".join(sorted(COMMANDS))
+    return f"other commands: {names} (onnx-remat COMMAND --help)\n\n"
+
+
+def command_module(name: str):
+    """The module implementing subcommand `name`."""
+    return importlib.import_module(f"onnx_remat.commands.{COMMANDS[name]}")
 
 
 def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
@@ -133,10 +154,15 @@ def run(args: argparse.Namespace, console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    console = Console(stderr=True, quiet=args.quiet)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        module = command_module(argv[0])
+        args, action = module.build_parser().parse_args(argv[1:]), module.run
+    else:
+        args, action = build_parser().parse_args(argv), run
+    console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:
-        run(args, console)
+        action(args, console)
     except RematError as exc:
         print(f"onnx-remat: error: {exc}", file=sys.stderr)
         return exc.exit_code

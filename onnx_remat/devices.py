@@ -15,12 +15,11 @@ A device file is TOML with one `[[device]]` table per device, in the order the s
 from __future__ import annotations
 
 import functools
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from onnx_remat.budget import Budget, parse_budget
 from onnx_remat.errors import UsageError

@@ -5,7 +5,7 @@ graph output `output`, readable unique node names and seeded random weights; `ba
 symbolic batch dimension `batch`. Defaults are small; the paper's sizes are reachable by arguments.
 
 - `vgg16`, `vgg19`: 3x3 conv + ReLU stages, max pools, three FC layers
-- `resnet18`, `resnet34`: BasicBlocks with inference-form BatchNormalization
+- `resnet18`, `resnet34`: BasicBlocks, `resnet50`: Bottlenecks, with inference-form BatchNormalization
 - `unet`: the XEngine paper's U-Net (Fig. 6): conv-InstanceNorm-LeakyReLU blocks, Concat skips
 - `mobilenet_v2`: inverted residuals, depthwise convolutions, Clip as ReLU6
 - `transformer_encoder`: post-LayerNorm multi-head attention + GELU feed-forward layers
@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 
 from .mobilenet import build_mobilenet_v2
-from .resnet import build_resnet18, build_resnet34
+from .resnet import build_resnet18, build_resnet34, build_resnet50
 from .transformer import build_transformer_encoder
 from .unet import build_unet
 from .vgg import build_vgg16, build_vgg19
@@ -36,6 +36,7 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "vgg19": build_vgg19,
     "resnet18": build_resnet18,
     "resnet34": build_resnet34,
+    "resnet50": build_resnet50,
     "unet": build_unet,
     "mobilenet_v2": build_mobilenet_v2,
     "transformer_encoder": build_transformer_encoder,
@@ -57,6 +58,7 @@ __all__ = [
     "build_mobilenet_v2",
     "build_resnet18",
     "build_resnet34",
+    "build_resnet50",
     "build_transformer_encoder",
     "build_unet",
     "build_vgg16",

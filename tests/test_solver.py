@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -12,8 +16,15 @@ from hypothesis import strategies as st
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import BACKENDS, solve
-from onnx_remat.passes.solve.baselines import BASELINES, best_baseline, chen_sqrt_n, keep_all
+from onnx_remat.passes.solve import BACKENDS, SOLVERS, solve
+from onnx_remat.passes.solve.baselines import (
+    BASELINES,
+    best_baseline,
+    best_segmented,
+    chen_sqrt_n,
+    every_segment_length,
+    keep_all,
+)
 from onnx_remat.passes.solve.checkmate_milp import MilpOutcome
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.problem import Problem
@@ -187,7 +198,13 @@ def test_keep_all_frees_at_last_use():
     problem = make_problem(4, [(0, 1), (0, 2), (1, 2), (2, 3)], [10, 20, 30, 40], [1, 1, 1, 1])
     events = keep_all(problem).events
     assert events == (
-        Compute(0, 0), Compute(1, 1), Compute(2, 2), Free(0, 2), Free(1, 2), Compute(3, 3), Free(2, 3),
+        Compute(0, 0),
+        Compute(1, 1),
+        Compute(2, 2),
+        Free(0, 2),
+        Free(1, 2),
+        Compute(3, 3),
+        Free(2, 3),
     )
     assert simulate(problem, keep_all(problem)).peak_bytes == (70,)
 
@@ -223,13 +240,13 @@ def test_infeasible_budget_above_the_quick_bound_is_proven():
 
 
 def test_unknown_solver_names_the_valid_ones():
-    with pytest.raises(UsageError, match="highs, cbc"):
+    with pytest.raises(UsageError, match="auto, highs, cbc"):
         solve(training_chain(2), "gurobi")
 
 
 def test_no_incumbent_falls_back_to_the_best_baseline(monkeypatch):
     problem = with_budget(training_chain(4), 10**6)
-    monkeypatch.setitem(BACKENDS, "highs", lambda *args: MilpOutcome(None, "time_limit", None))
+    monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, "time_limit", None))
     result = solve_module.solve(problem)
     name, schedule = best_baseline(problem)
     assert (result.status, result.schedule, name) == ("heuristic", schedule, "keep-all")
@@ -240,4 +257,66 @@ def test_progress_reports_seconds():
     calls = []
     problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
     result = solve(problem, "cbc", progress=lambda *report: calls.append(report))
-    assert len(calls) == 1 and calls[0][1] == pytest.approx(result.objective)
+    assert calls and calls[-1][1] == pytest.approx(result.objective)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems(max_ops=8), st.floats(0.0, 1.0))
+def test_every_backend_passes_the_simulator_and_beats_every_fitting_baseline(problem: Problem, fraction: float):
+    lower = quick_lower_bound(problem)
+    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
+    problem = with_budget(problem, int(lower + fraction * (keep_peak - lower)))
+    fitting = [simulate(problem, build(problem)) for build in BASELINES.values()]
+    fitting = [s.total_cost for s in fitting if s.peak_bytes[0] <= problem.budgets[0]]
+    for solver in SOLVERS:
+        try:
+            result = solve(problem, solver)
+        except InfeasibleBudgetError:
+            assert not fitting
+            continue
+        assert check_schedule(problem, result.schedule).total_cost == pytest.approx(result.objective)
+        assert result.objective <= min(fitting, default=result.objective) + 1e-9
+
+
+def test_auto_picks_a_backend_and_says_which():
+    problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
+    result = solve(problem, "auto")
+    assert result.solver in BACKENDS and result.status == "optimal"
+    assert result.objective == pytest.approx(solve(problem, "cbc").objective)
+
+
+def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
+    graph = training_chain(20)
+    tightest = min(simulate(graph, schedule).peak_bytes[0] for schedule in every_segment_length(graph))
+    problem = with_budget(graph, tightest)
+    assert simulate(problem, chen_sqrt_n(problem)).peak_bytes[0] > tightest
+    schedule = best_segmented(problem)
+    assert schedule is not None
+    assert check_schedule(problem, schedule).peak_bytes[0] <= tightest
+    assert minimum_budget(problem, time_limit=1).feasible <= tightest
+
+
+def test_ctrl_c_returns_the_best_schedule_so_far():
+    """A SIGINT one second into a solve too hard to finish stops it with a checked schedule and its gap."""
+    graph = unet(14)
+    problem = with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.perf_counter()
+    result = solve(problem, "highs", time_limit=60)
+    assert time.perf_counter() - start < 20
+    assert result.status == "interrupted" and 0 < result.gap < 1
+    check_schedule(problem, result.schedule)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_stop_before_the_milp_returns_the_warm_start(monkeypatch):
+    problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
+
+    def interrupted(*args, stop, **kwargs):
+        stop.set()
+        return MilpOutcome(None, "interrupted", None)
+
+    monkeypatch.setitem(BACKENDS, "highs", interrupted)
+    result = solve_module.solve(problem)
+    assert result.status == "interrupted"
+    assert result.objective == pytest.approx(simulate(problem, best_baseline(problem)[1]).total_cost)

@@ -1,20 +1,26 @@
 """The solver: Checkmate's MILP on any number of devices, on a chosen backend, never worse than the baselines.
 
-`solve(problem)` builds the MILP, warm-starts it with the cheapest single-device schedule that fits
-(a baseline with one device; each device solved alone with several), runs the backend and checks the
-schedule it returns with the simulator before handing it out.
+`solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
+and the eviction heuristic; with several devices also each device solved alone), runs the backend and checks
+the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
+and the best heuristic schedule is the answer. The stated bound is the backend's or the memory-cut bound,
+whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best schedule found so
+far, with status "interrupted"; a second Ctrl-C aborts.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
-from onnx_remat.passes.simulate import check_schedule
-from onnx_remat.passes.solve.baselines import best_baseline, on_device, placed, prune_unread
+from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
 from onnx_remat.passes.solve.checkmate_milp import (
     CheckmateModel,
     MilpOutcome,
@@ -23,14 +29,31 @@ from onnx_remat.passes.solve.checkmate_milp import (
     solve_cbc,
     solve_highs,
 )
+from onnx_remat.passes.solve.cpsat import solve_cpsat
+from onnx_remat.passes.solve.lower_bound import cut_lower_bound
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
+from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
-BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": solve_cbc}
+BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
+
+SOLVERS = ("auto", *BACKENDS)
+"""What `solver` may name: a backend, or "auto" to let `choose_backend` pick one."""
+
+MAX_MILP_CELLS = 150_000
+"""Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
+on 2 cores HiGHS does not finish the root LP of one device at T=321 in 600 s (measured)."""
+
+
+def choose_backend(problem: Problem) -> str:
+    """The backend "auto" runs: HiGHS, which on 2 cores proves these MILPs 5-50x faster than CBC and, beyond
+    T of about 20, faster than CP-SAT (measured: a T=40 training chain at half budget, HiGHS optimal in 14 s,
+    CP-SAT 5% gap after 60 s; the two-device U-Net, T=158 at 25%: neither improves the warm start in 60 s)."""
+    return "highs"
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,8 @@ class SolveResult:
     model_objective: float
     """The cost in the MILP's frontier-advancing form, before pruning unread computations, which
     `objective` (the returned schedule's cost) never exceeds; `bound` is a bound on that form."""
+    single_device_objective: float | None = None
+    """Predicted seconds of the best schedule found that runs on one device only (the warm start), or None."""
 
 
 def solve(
@@ -58,16 +83,43 @@ def solve(
     limit in all); the best of those warm-starts the multi-device MILP, so the result is never
     predicted slower than the best single-device schedule (both in the MILP's frontier-advancing form).
     """
-    if solver not in BACKENDS:
-        raise UsageError(f"unknown solver {solver!r}: choose one of {', '.join(BACKENDS)}")
+    if solver not in SOLVERS:
+        raise UsageError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
+    backend = choose_backend(problem) if solver == "auto" else solver
     start = time.perf_counter()
     _refuse_small_budgets(problem)
-    schedule, status, bound = _solve_frontier(problem, solver, time_limit, progress)
+    with _stop_on_interrupt() as stop:
+        incumbent, single_device = _incumbent(problem, backend, time_limit, stop)
+        schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
     if schedule is None:
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
     schedule = prune_unread(problem, schedule)
-    return _result(problem, schedule, status, bound, model_objective, time.perf_counter() - start, solver)
+    single = None if single_device is None else _cost(problem, prune_unread(problem, single_device))
+    seconds = time.perf_counter() - start
+    return _result(problem, schedule, status, bound, model_objective, seconds, backend, single)
+
+
+@contextmanager
+def _stop_on_interrupt() -> Iterator[threading.Event]:
+    """An event set by the first SIGINT (the backends stop at it); the next SIGINT raises KeyboardInterrupt.
+
+    Outside the main thread signals cannot be caught, so the event then only stops by other means."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _refuse_small_budgets(problem: Problem) -> None:
@@ -82,32 +134,57 @@ def _refuse_small_budgets(problem: Problem) -> None:
 
 
 def _solve_frontier(
-    problem: Problem, solver: str, time_limit: float | None, progress: Progress | None
+    problem: Problem,
+    solver: str,
+    time_limit: float | None,
+    progress: Progress | None,
+    stop: threading.Event,
+    incumbent: Schedule | None,
+    start: float,
 ) -> tuple[Schedule | None, str, float | None]:
-    """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds."""
-    start = time.perf_counter()
-    incumbent = _incumbent(problem, solver, time_limit)
+    """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds.
+
+    `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
+    """
+    if stop.is_set():
+        return incumbent, "interrupted", None
+    if problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS:
+        return incumbent, "heuristic", None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
     remaining = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
-    outcome = BACKENDS[solver](model.milp, remaining, warm, _scaled(progress, model, start))
+    outcome = BACKENDS[solver](model.milp, remaining, warm, _scaled(progress, model, start), stop=stop)
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
     return *_pick(problem, model, outcome, incumbent), bound
 
 
-def _incumbent(problem: Problem, solver: str, time_limit: float | None) -> Schedule | None:
-    """The best single-device schedule that fits: a baseline with one device, each device solved alone with more."""
+def _incumbent(
+    problem: Problem, solver: str, time_limit: float | None, stop: threading.Event
+) -> tuple[Schedule | None, Schedule | None]:
+    """The best schedule found without the multi-device MILP, and the best on one device only (or None each).
+
+    One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
+    none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
     if problem.num_devices == 1:
         baseline = best_baseline(problem)
-        return None if baseline is None else baseline[1]
+        candidates = (offload(problem, 0), None if baseline is None else baseline[1])
+        found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
+        single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
+        return single, single
     share = None if time_limit is None else time_limit / (4 * problem.num_devices)
-    found = []
+    singles = []
     for device in range(problem.num_devices):
-        single = on_device(problem, device)
-        if problem.budgets[device] >= quick_lower_bound(single):
-            schedule = _solve_frontier(single, solver, share, None)[0]
-            found.extend([] if schedule is None else [placed(schedule, device)])
-    return min(found, key=lambda schedule: _cost(problem, schedule), default=None)
+        alone = on_device(problem, device)
+        if problem.budgets[device] >= quick_lower_bound(alone):
+            start = time.perf_counter()
+            warm = _incumbent(alone, solver, None, stop)[0]
+            schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
+            singles.extend([] if schedule is None else [placed(schedule, device)])
+    pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
+    offloaded = [schedule for c, s in pairs if (schedule := offload(problem, c, s)) and _fits(problem, schedule)]
+    single = min(singles, key=lambda schedule: _cost(problem, schedule), default=None)
+    best = min([*singles, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
+    return best, single
 
 
 def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
@@ -135,7 +212,14 @@ def _pick(
         if incumbent is None or _cost(problem, schedule) <= _cost(problem, incumbent):
             return schedule, outcome.status
         return incumbent, outcome.status
-    return incumbent, "heuristic" if incumbent is not None else outcome.status
+    unsolved = outcome.status != "interrupted" and incumbent is not None
+    return incumbent, "heuristic" if unsolved else outcome.status
+
+
+def _fits(problem: Problem, schedule: Schedule) -> bool:
+    """Whether the simulated peaks of a (valid) schedule are within every budget."""
+    peaks = simulate(problem, schedule).peak_bytes
+    return all(peak <= budget for peak, budget in zip(peaks, problem.budgets, strict=True))
 
 
 def _cost(problem: Problem, schedule: Schedule) -> float:
@@ -145,8 +229,13 @@ def _cost(problem: Problem, schedule: Schedule) -> float:
 
 def _no_schedule(problem: Problem, status: str) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
+    if status == "interrupted":
+        raise KeyboardInterrupt
     if status != "infeasible":
-        raise SolverError("the solver found no schedule within the time limit and no baseline fits the budget")
+        raise SolverError(
+            "the solver found no schedule within the time limit and no baseline fits the budget: "
+            "raise --time-limit or the budget"
+        )
     if problem.num_devices == 1:
         minimum = minimum_budget(problem).feasible
         raise InfeasibleBudgetError(
@@ -169,10 +258,12 @@ def _result(
     model_objective: float,
     seconds: float,
     solver: str,
+    single_device_objective: float | None,
 ) -> SolveResult:
-    """Check `schedule` and state its cost with a bound clamped to [sum of cheapest costs, objective]."""
+    """Check `schedule` and state its cost with a bound clamped to [the memory-cut bound, objective]."""
     objective = check_schedule(problem, schedule).total_cost
-    cheapest = sum(min(costs) for costs in zip(*problem.cost, strict=True))
-    bound = min(max(bound if bound is not None else 0.0, cheapest), objective)
+    bound = min(max(bound if bound is not None else 0.0, cut_lower_bound(problem)), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
-    return SolveResult(schedule, status, objective, bound, gap, seconds, solver, model_objective)
+    return SolveResult(
+        schedule, status, objective, bound, gap, seconds, solver, model_objective, single_device_objective
+    )

@@ -44,12 +44,16 @@ def keep_all(problem: Problem) -> Schedule:
 
 
 def chen_sqrt_n(problem: Problem) -> Schedule:
-    """Chen et al. 2016: ~sqrt(n) segments; only segment ends (and graph outputs) outlive their segment.
+    """Chen et al. 2016: ~sqrt(n) segments; only segment ends (and graph outputs) outlive their segment."""
+    return chen_segments(problem, max(1, math.ceil(math.sqrt(problem.num_ops))))
+
+
+def chen_segments(problem: Problem, length: int) -> Schedule:
+    """Segments of `length` operators; only segment ends (and graph outputs) outlive their segment.
 
     An output of an earlier segment that is not a checkpoint is recomputed, from the checkpoints it
     depends on, when an operator needs it; it is then kept while the frontier stays in that segment.
     """
-    length = max(1, math.ceil(math.sqrt(problem.num_ops)))
     checkpoints = {i for i in range(problem.num_ops) if (i + 1) % length == 0} | set(problem.graph_outputs)
     stages: list[list[int]] = []
     recomputed: set[int] = set()
@@ -60,6 +64,14 @@ def chen_sqrt_n(problem: Problem) -> Schedule:
         stages.append(_needed(problem, t, held.__contains__))
         recomputed.update(stages[-1])
     return schedule_from_stages(problem, stages)
+
+
+def every_segment_length(problem: Problem) -> Iterator[Schedule]:
+    """Chen's segments at every length 1..n-1: at tight budgets another length than sqrt(n) often fits.
+
+    Used where no baseline fits: to seed the minimum-budget search and warm-start the MILP."""
+    for length in range(1, max(2, problem.num_ops)):
+        yield chen_segments(problem, length)
 
 
 def frontier_only(problem: Problem) -> Schedule:
@@ -115,6 +127,19 @@ def placed_baselines(problem: Problem) -> Iterator[tuple[str, Schedule]]:
         for baseline, build in BASELINES.items():
             label = baseline if problem.num_devices == 1 else f"{baseline}@{name}"
             yield label, placed(build(single), device)
+
+
+def best_segmented(problem: Problem) -> Schedule | None:
+    """The cheapest Chen segmentation of any length, on one device, that fits every device's budget, or None."""
+    best: tuple[float, Schedule] | None = None
+    for device in range(problem.num_devices):
+        for schedule in every_segment_length(on_device(problem, device)):
+            schedule = placed(schedule, device)
+            simulation = simulate(problem, schedule)
+            fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
+            if fits and (best is None or simulation.total_cost < best[0]):
+                best = (simulation.total_cost, schedule)
+    return None if best is None else best[1]
 
 
 def best_baseline(problem: Problem) -> tuple[str, Schedule] | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ class SparseMilp:
     matrix: sparse.csr_matrix
     row_lower: np.ndarray
     row_upper: np.ndarray
+    byte_unit: float = 1.0
+    """Bytes per unit of the memory columns and of the coefficients of memory rows (continuous columns not
+    within [0, 1]): scaling by it makes them whole bytes, for backends that need integers (CP-SAT)."""
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,7 @@ class _Builder:
         else:
             self.row([int(col) for col in cols], [1.0] * len(cols), 1.0, math.inf)
 
-    def build(self) -> SparseMilp:
+    def build(self, byte_unit: float) -> SparseMilp:
         shape = (len(self.row_lower), len(self.cost))
         matrix = sparse.csr_matrix((self.entry_vals, (self.entry_rows, self.entry_cols)), shape=shape)
         return SparseMilp(
@@ -270,6 +274,7 @@ class _Builder:
             matrix=matrix,
             row_lower=np.array(self.row_lower),
             row_upper=np.array(self.row_upper),
+            byte_unit=byte_unit,
         )
 
 
@@ -285,7 +290,10 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     c = _copy_columns(problem, b)
     u = np.stack([_triangle(n, 0, b, integer=False, upper=math.inf) for _ in range(devices)])
     frees = tuple(
-        FreeVar(d, t, i, k) for d in range(devices) for t in range(n) for k in range(t + 1)
+        FreeVar(d, t, i, k)
+        for d in range(devices)
+        for t in range(n)
+        for k in range(t + 1)
         for i in (*problem.predecessors[k], k)
     )
     free_cols = b.columns(len(frees), 0.0, 1.0, integer=False)
@@ -297,7 +305,8 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     _memory_rows(problem, b, (r, s, c, u), frees, free_cols, memory_unit)
     peak_col = _limit_rows(problem, b, r, u, memory_unit, peak)
     unit = memory_unit if peak else cost_unit
-    return CheckmateModel(problem, b.build(), r, s, c, u, frees, free_cols, peak, peak_col, unit, memory_unit)
+    milp = b.build(memory_unit)
+    return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, peak, peak_col, unit, memory_unit)
 
 
 def _triangle(n: int, diagonal: int, b: _Builder, integer: bool, upper: float = 1.0) -> np.ndarray:
@@ -496,8 +505,11 @@ def solve_highs(
     warm_start: np.ndarray | None = None,
     progress: MilpProgress | None = None,
     gaps: tuple[float, float] = (1e-4, 1e-6),
+    stop: threading.Event | None = None,
 ) -> MilpOutcome:
-    """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at."""
+    """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
+
+    Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far)."""
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 2)
@@ -511,16 +523,37 @@ def solve_highs(
         h.setSolution(len(warm_start), np.arange(len(warm_start), dtype=np.int32), warm_start.astype(np.float64))
     if progress is not None:
         _subscribe_progress(h, progress)
+    if stop is not None:
+        _subscribe_stop(h, stop)
     h.run()
+    if warm_start is not None and _start_leaked(h, milp):
+        return solve_highs(milp, _remaining(h, time_limit), None, progress, gaps, stop)
     info = h.getInfo()
     status = {
         highspy.HighsModelStatus.kOptimal: "optimal",
         highspy.HighsModelStatus.kInfeasible: "infeasible",
+        highspy.HighsModelStatus.kInterrupt: "interrupted",
     }.get(h.getModelStatus(), "time_limit")
     feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     x = np.array(h.getSolution().col_value) if feasible else None
     bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
     return MilpOutcome(x, status, bound)
+
+
+def _start_leaked(h: highspy.Highs, milp: SparseMilp) -> bool:
+    """Whether HiGHS handed back the MIP start unchanged though it found better: HiGHS 1.16 maps a start into
+    its presolved space, may finish there with a better objective (and status optimal), and then returns the
+    start's values (seen on 5-operator graphs: objective 6 reported, the returned columns cost 7)."""
+    info = h.getInfo()
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return False
+    returned = float(milp.cost @ np.array(h.getSolution().col_value))
+    return returned > info.objective_function_value + 1e-6 * max(1.0, abs(returned))
+
+
+def _remaining(h: highspy.Highs, time_limit: float | None) -> float | None:
+    """What is left of `time_limit` after the run `h` made."""
+    return None if time_limit is None else max(0.01, time_limit - h.getRunTime())
 
 
 def _highs_lp(milp: SparseMilp) -> highspy.HighsLp:
@@ -551,14 +584,29 @@ def _subscribe_progress(h: highspy.Highs, progress: MilpProgress, every: float =
     h.cbMipInterrupt.subscribe(report)
 
 
+def _subscribe_stop(h: highspy.Highs, stop: threading.Event) -> None:
+    """Interrupt HiGHS (in the LP, the IPM or the branch and bound) once `stop` is set."""
+
+    def check(event: highspy.cb.HighsCallbackEvent) -> None:
+        if stop.is_set():
+            event.interrupt()
+
+    for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
+        callback.subscribe(check)
+
+
 def solve_cbc(
     milp: SparseMilp,
     time_limit: float | None = None,
     warm_start: np.ndarray | None = None,
     progress: MilpProgress | None = None,
     gaps: tuple[float, float] = (1e-4, 1e-6),
+    stop: threading.Event | None = None,
 ) -> MilpOutcome:
-    """Solve with CBC through PuLP on 2 threads (no live progress: reported once at the end)."""
+    """Solve with CBC through PuLP on 2 threads, progress read from CBC's log while it runs.
+
+    CBC runs as a child process: Ctrl-C reaches it directly and it stops with its best solution; `stop`
+    only marks the outcome "interrupted"."""
     start = time.perf_counter()
     problem, variables = _pulp_problem(milp)
     if warm_start is not None:
@@ -567,16 +615,48 @@ def solve_cbc(
     with tempfile.TemporaryDirectory() as directory:
         log = Path(directory) / "cbc.log"
         solver = pulp.PULP_CBC_CMD(
-            msg=False, threads=2, timeLimit=time_limit, gapRel=gaps[0], gapAbs=gaps[1],
-            warmStart=warm_start is not None, logPath=str(log),
+            msg=False,
+            threads=2,
+            timeLimit=time_limit,
+            gapRel=gaps[0],
+            gapAbs=gaps[1],
+            warmStart=warm_start is not None,
+            logPath=str(log),
         )
-        problem.solve(solver)
+        done = threading.Event()
+        watcher = threading.Thread(target=_watch_cbc_log, args=(log, done, progress, start), daemon=True)
+        if progress is not None:
+            watcher.start()
+        try:
+            problem.solve(solver)
+        finally:
+            done.set()
+            if watcher.is_alive():
+                watcher.join()
         text = log.read_text() if log.exists() else ""
     outcome = _cbc_outcome(problem, variables, text)
+    if stop is not None and stop.is_set() and outcome.status != "optimal":
+        outcome = MilpOutcome(outcome.x, "interrupted", outcome.bound)
     if progress is not None:
         incumbent = None if outcome.x is None else float(milp.cost @ outcome.x)
         progress(time.perf_counter() - start, incumbent, outcome.bound)
     return outcome
+
+
+_CBC_PROGRESS = re.compile(r"Cbc0010I After \d+ nodes, \d+ on tree, (\S+) best solution, best possible (\S+)")
+
+
+def _watch_cbc_log(log: Path, done: threading.Event, progress: MilpProgress, start: float, every: float = 0.5) -> None:
+    """Report CBC's latest (incumbent, bound) from its node log lines every `every` seconds until `done`."""
+    reported = None
+    while not done.wait(every):
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = _CBC_PROGRESS.findall(text)
+        if found and found[-1] != reported:
+            reported = found[-1]
+            values = [float(v) for v in reported]
+            incumbent, bound = (v if math.isfinite(v) and abs(v) < 1e49 else None for v in values)
+            progress(time.perf_counter() - start, incumbent, bound)
 
 
 def _pulp_problem(milp: SparseMilp) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
@@ -584,7 +664,9 @@ def _pulp_problem(milp: SparseMilp) -> tuple[pulp.LpProblem, list[pulp.LpVariabl
     problem = pulp.LpProblem("checkmate", pulp.LpMinimize)
     variables = [
         pulp.LpVariable(
-            f"x{j}", lowBound=lo, upBound=None if math.isinf(up) else up,
+            f"x{j}",
+            lowBound=lo,
+            upBound=None if math.isinf(up) else up,
             cat=pulp.LpInteger if integer else pulp.LpContinuous,
         )
         for j, (lo, up, integer) in enumerate(zip(milp.col_lower, milp.col_upper, milp.integer, strict=True))
@@ -618,4 +700,5 @@ def _cbc_outcome(problem: pulp.LpProblem, variables: list[pulp.LpVariable], log:
     bound = float(match.group(1)) if match else float(objective.group(1)) if optimal and objective else None
     if x is None and not optimal and problem.status not in (pulp.LpStatusNotSolved, pulp.LpStatusOptimal):
         raise SolverError(f"CBC ended with status {pulp.LpStatus[problem.status]}")
-    return MilpOutcome(x, "optimal" if optimal else "time_limit", bound)
+    interrupted = "Result - Stopped on ctrl-c" in log
+    return MilpOutcome(x, "optimal" if optimal else "interrupted" if interrupted else "time_limit", bound)

@@ -7,11 +7,12 @@ given budget (and free to take work over, copies included).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.baselines import placed_baselines
+from onnx_remat.passes.solve.baselines import every_segment_length, on_device, placed, placed_baselines
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model, solve_highs
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
@@ -77,9 +78,15 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
 
 
 def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
-    """(peak on `device`, schedule) of the baselines on one device that fit every other device's budget."""
+    """(peak on `device`, schedule) of the baselines, and of Chen's segments at every length, on one device that
+    fit every other device's budget."""
     found = []
-    for _, schedule in placed_baselines(problem):
+    segmented = (
+        placed(schedule, d)
+        for d in range(problem.num_devices)
+        for schedule in every_segment_length(on_device(problem, d))
+    )
+    for schedule in itertools.chain((schedule for _, schedule in placed_baselines(problem)), segmented):
         peaks = simulate(problem, schedule).peak_bytes
         if all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device):
             found.append((peaks[device], schedule))

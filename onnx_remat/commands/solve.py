@@ -1,0 +1,178 @@
+"""`onnx-remat solve FILE.json`: solve a problem file (see onnx_remat.problem_file) and compare with the baselines.
+
+Reproduces a solver run on an identical graph without the model: prints status, objective, bound, gap and time,
+and the baselines (keep-all, Chen sqrt(n), the best single-device schedule); `--report` writes them as JSON
+together with the schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from onnx_remat.budget import format_bytes, parse_budget
+from onnx_remat.errors import UsageError
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve import SOLVERS, SolveResult, solve
+from onnx_remat.passes.solve.baselines import placed_baselines
+from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, check_output_path
+from onnx_remat.problem import Problem
+from onnx_remat.problem_file import read_problem
+from onnx_remat.schedule import Compute, Copy, Event
+
+SHOWN_BASELINES = ("keep-all", "chen-sqrt-n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-remat solve",
+        description="Solve a problem file written by --emit-problem (or by hand, see onnx_remat/problem_file.py) "
+        "and compare the schedule with the baselines.",
+    )
+    parser.add_argument("problem", help="the problem file (JSON)")
+    parser.add_argument("--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        metavar="SECONDS",
+        help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})",
+    )
+    parser.add_argument(
+        "--budget",
+        help="override the file's budgets: one budget for every device (512MiB, 25%% of the device's keep-all, "
+        "min) or per device as NAME=B,NAME=B",
+    )
+    parser.add_argument("--report", metavar="FILE.json", help="write status, bound, baselines and the schedule as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing report")
+    return parser
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Read the problem, set the budgets, solve with live progress, print the comparison, write the report."""
+    if args.time_limit <= 0:
+        raise UsageError("--time-limit must be a positive number of seconds")
+    if args.solver not in SOLVERS:
+        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
+    if args.report:
+        check_output_path(args.report, args.problem, args.force)
+    problem = read_problem(args.problem)
+    if args.budget:
+        problem = with_budgets(problem, args.budget)
+    with console.status("solving", spinner="dots") as status:
+
+        def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
+            status.update(f"solving: {elapsed:.1f} s, {_progress_text(incumbent, bound)}")
+
+        result = solve(problem, args.solver, args.time_limit, progress)
+    baselines = baseline_rows(problem)
+    for line in summary_lines(problem, result, baselines):
+        console.print(line, highlight=False)
+    if args.report:
+        check_output_path(args.report, args.problem, args.force)
+        text = json.dumps(report(args.problem, problem, result, baselines), indent=1)
+        write_atomically(Path(args.report), (text + "\n").encode())
+
+
+def with_budgets(problem: Problem, text: str) -> Problem:
+    """`problem` with the budgets of `--budget`: one for all devices, or NAME=B for some of them."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) == 1 and "=" not in parts[0]:
+        given = dict.fromkeys(problem.devices, parts[0])
+    else:
+        given = {}
+        for part in parts:
+            name, sep, value = part.partition("=")
+            if not sep or name not in problem.devices:
+                raise UsageError(
+                    f"cannot read --budget part {part!r}: write NAME=B with NAME one of {', '.join(problem.devices)}"
+                )
+            given[name] = value
+    budgets = list(problem.budgets)
+    parsed = {name: parse_budget(value) for name, value in given.items()}
+    for name, budget in parsed.items():
+        device = problem.devices.index(name)
+        if not budget.minimum:
+            budgets[device] = budget.resolve(problem.keep_all_bytes(device), 0)
+    fixed = replace(problem, budgets=tuple(budgets))
+    for name, budget in parsed.items():
+        device = problem.devices.index(name)
+        if budget.minimum:
+            budgets[device] = minimum_budget(fixed, device).feasible
+    return replace(problem, budgets=tuple(budgets))
+
+
+def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:
+    """Predicted seconds, peak bytes per device and whether it fits, for keep-all and Chen on each device."""
+    rows = {}
+    for name, schedule in placed_baselines(problem):
+        if name.split("@")[0] in SHOWN_BASELINES:
+            simulation = simulate(problem, schedule)
+            fits = all(p <= b for p, b in zip(simulation.peak_bytes, problem.budgets, strict=True))
+            rows[name] = {"seconds": simulation.total_cost, "peak_bytes": list(simulation.peak_bytes), "fits": fits}
+    return rows
+
+
+def summary_lines(problem: Problem, result: SolveResult, baselines: dict[str, dict[str, Any]]) -> list[str]:
+    """The printed summary: problem size, budgets, solver outcome, predicted peaks and the baselines."""
+    peaks = simulate(problem, result.schedule).peak_bytes
+    budgets = ", ".join(
+        f"{name} {format_bytes(budget)} (peak {format_bytes(peak)})"
+        for name, budget, peak in zip(problem.devices, problem.budgets, peaks, strict=True)
+    )
+    lines = [
+        f"problem: {problem.num_ops} operators, {len(problem.edges)} edges, {problem.num_devices} device(s)",
+        f"budgets: {budgets}",
+        f"solver: {result.solver} {result.status} in {result.seconds:.1f} s",
+        f"objective {_ms(result.objective)}, bound {_ms(result.bound)}, gap {100 * result.gap:.2f}%",
+        f"recomputations: {result.schedule.recompute_count()}, copies: "
+        f"{sum(isinstance(e, Copy) for e in result.schedule.events)}",
+    ]
+    for name, row in baselines.items():
+        fits = "fits" if row["fits"] else "over budget"
+        lines.append(f"baseline {name}: {_ms(row['seconds'])}, peak {format_bytes(max(row['peak_bytes']))}, {fits}")
+    single = result.single_device_objective
+    lines.append(f"best single device: {'none fits' if single is None else _ms(single)}")
+    return lines
+
+
+def report(source: str, problem: Problem, result: SolveResult, baselines: dict[str, dict[str, Any]]) -> dict:
+    """The JSON report: the problem file, budgets, the solver outcome, the baselines and the schedule."""
+    outcome = asdict(result)
+    outcome.pop("schedule")
+    return {
+        "problem": str(source),
+        "devices": list(problem.devices),
+        "budget_bytes": list(problem.budgets),
+        "peak_bytes": list(simulate(problem, result.schedule).peak_bytes),
+        **outcome,
+        "recomputations": result.schedule.recompute_count(),
+        "baselines": baselines,
+        "schedule": [_event_json(event) for event in result.schedule.events],
+    }
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    """One schedule event as {"kind": compute|free|copy, ...its fields}."""
+    kind = "compute" if isinstance(event, Compute) else "copy" if isinstance(event, Copy) else "free"
+    return {"kind": kind, **asdict(event)}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _progress_text(incumbent: float | None, bound: float | None) -> str:
+    """Incumbent, bound and gap as the live progress line shows them."""
+    best = "-" if incumbent is None else _ms(incumbent)
+    low = "-" if bound is None else _ms(bound)
+    gap = f", gap {100 * (incumbent - bound) / incumbent:.2f}%" if incumbent and bound is not None else ""
+    return f"incumbent {best}, bound {low}{gap}"

@@ -1,0 +1,202 @@
+"""Problem files: the solver's Problem as documented JSON, so results can be reproduced and other solvers compared.
+
+Format (version 1), one JSON object; every key is required, no other key is allowed:
+
+    {
+      "format": "onnx-remat-problem",
+      "version": 1,
+      "devices": [{"name": "cpu", "resident_bytes": 1024, "budget_bytes": 4096}, ...],
+      "copy_seconds_per_byte": [[0.0, 1e-10], [1e-10, 0.0]],
+      "operators": [
+        {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0}, ...
+      ],
+      "edges": [[0, 1], ...],
+      "graph_outputs": [7, ...]
+    }
+
+- `devices[d]`: the device's name, the bytes it holds for the whole run (parameters, graph inputs) and its
+  budget: the bytes it may hold at any moment, resident bytes included.
+- `copy_seconds_per_byte[d][e]`: seconds to move one byte from device d to device e (a devices x devices matrix).
+- `operators[i]`, in a topological order: `seconds[d]` to run it on device d (one entry per device), the bytes
+  of its output, and the transient bytes it needs while it runs.
+- `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
+- `graph_outputs`: operators whose output must still be held on some device when the run ends.
+
+Sizes are whole non-negative bytes, times non-negative seconds. A file that breaks any of this is refused on
+reading with a ModelError (exit code 3: an unusable input) naming the field and what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from onnx_remat.errors import ModelError
+from onnx_remat.files import write_atomically
+from onnx_remat.problem import Problem
+
+FORMAT = "onnx-remat-problem"
+VERSION = 1
+_TOP_KEYS = ("format", "version", "devices", "copy_seconds_per_byte", "operators", "edges", "graph_outputs")
+_DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
+_OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
+
+
+def problem_to_json(problem: Problem) -> dict[str, Any]:
+    """The problem as a JSON-ready dict in the documented format."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "devices": [
+            {"name": name, "resident_bytes": resident, "budget_bytes": budget}
+            for name, resident, budget in zip(problem.devices, problem.resident_bytes, problem.budgets, strict=True)
+        ],
+        "copy_seconds_per_byte": [list(row) for row in problem.copy_seconds_per_byte],
+        "operators": [
+            {
+                "name": problem.op_names[i],
+                "seconds": [problem.cost[d][i] for d in range(problem.num_devices)],
+                "output_bytes": problem.output_bytes[i],
+                "workspace_bytes": problem.workspace_bytes[i],
+            }
+            for i in range(problem.num_ops)
+        ],
+        "edges": [list(edge) for edge in problem.edges],
+        "graph_outputs": list(problem.graph_outputs),
+    }
+
+
+def write_problem(problem: Problem, path: str | Path) -> None:
+    """Write `problem` to `path` as JSON, atomically (a temporary file, then a rename)."""
+    text = json.dumps(problem_to_json(problem), indent=1)
+    write_atomically(Path(path), (text + "\n").encode())
+
+
+def read_problem(path: str | Path) -> Problem:
+    """Read and validate a problem file; raise ModelError saying what is wrong with it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ModelError(f"problem file {path} does not exist: check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"cannot read problem file {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"problem file {path} is not JSON ({exc}): write it with --emit-problem") from None
+    return problem_from_json(data, str(path))
+
+
+def problem_from_json(data: Any, where: str = "problem") -> Problem:
+    """The Problem described by a parsed problem file; raise ModelError naming the first bad field."""
+    top = _object(data, where, _TOP_KEYS)
+    if top["format"] != FORMAT:
+        raise ModelError(f'{where}: "format" must be {FORMAT!r}, not {top["format"]!r}')
+    if top["version"] != VERSION:
+        raise ModelError(f"{where}: version {top['version']!r} is not supported: this onnx-remat reads version 1")
+    devices = [_object(d, f"{where}: devices[{k}]", _DEVICE_KEYS) for k, d in enumerate(_list(top, "devices", where))]
+    if not devices:
+        raise ModelError(f'{where}: "devices" is empty: give at least one device')
+    names = [_text(d["name"], f"{where}: devices[{k}].name") for k, d in enumerate(devices)]
+    if len(set(names)) != len(names):
+        raise ModelError(f"{where}: device names {names} repeat: give each device its own name")
+    count = len(devices)
+    copy = _matrix(top["copy_seconds_per_byte"], count, f"{where}: copy_seconds_per_byte")
+    operators = [
+        _object(op, f"{where}: operators[{i}]", _OPERATOR_KEYS) for i, op in enumerate(_list(top, "operators", where))
+    ]
+    n = len(operators)
+    seconds = [_seconds_row(op["seconds"], count, f"{where}: operators[{i}].seconds") for i, op in enumerate(operators)]
+    edges = tuple(_edge(e, n, f"{where}: edges[{k}]") for k, e in enumerate(_list(top, "edges", where)))
+    outputs = tuple(
+        _index(o, n, f"{where}: graph_outputs[{k}]") for k, o in enumerate(_list(top, "graph_outputs", where))
+    )
+    return Problem(
+        op_names=tuple(_text(op["name"], f"{where}: operators[{i}].name") for i, op in enumerate(operators)),
+        edges=edges,
+        output_bytes=tuple(
+            _bytes(op["output_bytes"], f"{where}: operators[{i}].output_bytes") for i, op in enumerate(operators)
+        ),
+        cost=tuple(tuple(row[d] for row in seconds) for d in range(count)),
+        resident_bytes=tuple(
+            _bytes(d["resident_bytes"], f"{where}: devices[{k}].resident_bytes") for k, d in enumerate(devices)
+        ),
+        budgets=tuple(_bytes(d["budget_bytes"], f"{where}: devices[{k}].budget_bytes") for k, d in enumerate(devices)),
+        graph_outputs=outputs,
+        devices=tuple(names),
+        workspace_bytes=tuple(
+            _bytes(op["workspace_bytes"], f"{where}: operators[{i}].workspace_bytes") for i, op in enumerate(operators)
+        ),
+        copy_seconds_per_byte=copy,
+    )
+
+
+def _object(value: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """`value` as an object with exactly `keys`."""
+    if not isinstance(value, dict):
+        raise ModelError(f"{where} must be a JSON object with keys {', '.join(keys)}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise ModelError(f"{where} lacks {', '.join(map(repr, missing))}: every one of {', '.join(keys)} is required")
+    extra = sorted(set(value) - set(keys))
+    if extra:
+        raise ModelError(f"{where} has unknown keys {', '.join(map(repr, extra))}: allowed are {', '.join(keys)}")
+    return value
+
+
+def _list(top: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = top[key]
+    if not isinstance(value, list):
+        raise ModelError(f"{where}: {key!r} must be a JSON list")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ModelError(f"{where} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _bytes(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelError(f"{where} must be a whole number of bytes >= 0, not {value!r}")
+    return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ModelError(f"{where} must be a finite number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+def _seconds_row(value: Any, count: int, where: str) -> tuple[float, ...]:
+    """A list of `count` seconds, one per device."""
+    if not isinstance(value, list) or len(value) != count:
+        raise ModelError(f"{where} must be a list of {count} numbers, one per device")
+    return tuple(_seconds(v, f"{where}[{k}]") for k, v in enumerate(value))
+
+
+def _matrix(value: Any, count: int, where: str) -> tuple[tuple[float, ...], ...]:
+    """A devices x devices matrix of seconds per byte."""
+    if not isinstance(value, list) or len(value) != count:
+        raise ModelError(f"{where} must be a {count} x {count} list of lists, one row per device")
+    return tuple(_seconds_row(row, count, f"{where}[{d}]") for d, row in enumerate(value))
+
+
+def _index(value: Any, n: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        raise ModelError(f"{where} must be an operator index in 0..{n - 1}, not {value!r}")
+    return value
+
+
+def _edge(value: Any, n: int, where: str) -> tuple[int, int]:
+    """[u, v] with u < v: the operators are in a topological order."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ModelError(f"{where} must be a pair [u, v] of operator indices")
+    u, v = _index(value[0], n, where), _index(value[1], n, where)
+    if u >= v:
+        raise ModelError(f"{where} = [{u}, {v}] does not go forward: list operators in a topological order (u < v)")
+    return u, v

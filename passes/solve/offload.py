@@ -1,0 +1,119 @@
+"""Eviction heuristic: run every operator once on one device, parking outputs on another or recomputing them.
+
+Operators run in topological order on the compute device. When the next step does not fit, held outputs it
+does not read are evicted, the one read furthest in the future first (Belady): parked on the store device
+(copied there unless already there) when that is cheaper than recomputing it and fits, else dropped. Before an
+operator runs, a missing input is copied back if parked, or recomputed (its own missing inputs first, in the
+same way). Graph outputs are never dropped. With no store device it is a pure recomputation heuristic.
+A warm start for the MILP, and the answer where the MILP is too large to build.
+"""
+
+from __future__ import annotations
+
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
+
+
+class _Evictor:
+    """Mutable state of the heuristic: what each device holds, its memory, the events so far."""
+
+    def __init__(self, problem: Problem, compute: int, store: int | None):
+        self.problem, self.compute, self.store = problem, compute, store
+        self.held: list[set[int]] = [set() for _ in problem.devices]
+        self.memory = list(problem.resident_bytes)
+        self.events: list[Event] = []
+
+    def next_use(self, op: int, after: int) -> int:
+        """The first reader of `op` after stage `after`; n for a graph output nobody reads later; -1: dead."""
+        later = [j for j in self.problem.successors[op] if j > after]
+        return later[0] if later else (self.problem.num_ops if op in self.problem.graph_outputs else -1)
+
+    def place(self, op: int, device: int, event: Event) -> None:
+        self.events.append(event)
+        self.held[device].add(op)
+        self.memory[device] += self.problem.output_bytes[op]
+
+    def free(self, op: int, device: int, stage: int) -> None:
+        self.events.append(Free(op, stage, device))
+        self.held[device].discard(op)
+        self.memory[device] -= self.problem.output_bytes[op]
+
+    def park(self, op: int, stage: int) -> bool:
+        """Whether `op` is (now) on the store device, copied there if parking beats recomputing and fits."""
+        p = self.problem
+        if self.store is None:
+            return False
+        if op in self.held[self.store]:
+            return True
+        round_trip = 2 * p.output_bytes[op] * p.copy_seconds_per_byte[self.compute][self.store]
+        fits = self.memory[self.store] + p.output_bytes[op] <= p.budgets[self.store]
+        if not fits or (round_trip > p.cost[self.compute][op] and op not in p.graph_outputs):
+            return False
+        self.place(op, self.store, Copy(op, stage, self.compute, self.store))
+        return True
+
+    def score(self, op: int, stage: int) -> float:
+        """Evict the lowest first: dead outputs, then the cheapest to restore per byte and per stage until use."""
+        p = self.problem
+        use = self.next_use(op, stage)
+        if use < 0:
+            return -1.0
+        restore = p.cost[self.compute][op]
+        if self.store is not None:
+            trips = 1 if op in self.held[self.store] or op in p.graph_outputs else 2
+            restore = min(restore, trips * p.output_bytes[op] * p.copy_seconds_per_byte[self.compute][self.store])
+        return restore / (max(1, p.output_bytes[op]) * (use - stage))
+
+    def make_room(self, needed: int, keep: set[int], stage: int) -> bool:
+        """Evict from the compute device (dead outputs, then furthest next use first) until `needed` more bytes fit;
+        False if they cannot."""
+        candidates = sorted(self.held[self.compute] - keep, key=lambda op: self.score(op, stage))
+        while self.memory[self.compute] + needed > self.problem.budgets[self.compute]:
+            if not candidates:
+                return False
+            op = candidates.pop(0)
+            if not self.park(op, stage) and op in self.problem.graph_outputs:
+                continue
+            self.free(op, self.compute, stage)
+        return True
+
+    def fetch(self, op: int, stage: int, keep: set[int]) -> bool:
+        """Make `op` held on the compute device in `stage` (copy back or recompute), keeping `keep`; False if not."""
+        p = self.problem
+        if op in self.held[self.compute]:
+            return True
+        if self.store is not None and op in self.held[self.store]:
+            if not self.make_room(p.output_bytes[op], keep, stage):
+                return False
+            self.place(op, self.compute, Copy(op, stage, self.store, self.compute))
+            return True
+        return self.run(op, stage, keep)
+
+    def run(self, op: int, stage: int, keep: set[int]) -> bool:
+        """Fetch `op`'s inputs and compute it on the compute device in `stage`; False if it cannot fit."""
+        p = self.problem
+        inputs = set(p.predecessors[op])
+        pinned = keep | inputs
+        if not all(self.fetch(i, stage, pinned) for i in sorted(inputs)):
+            return False
+        if not self.make_room(p.output_bytes[op] + p.workspace_bytes[op], pinned, stage):
+            return False
+        self.place(op, self.compute, Compute(op, stage, self.compute))
+        return True
+
+    def step(self, v: int) -> bool:
+        """Run v with its inputs brought back, free what nobody reads any more; False if it cannot fit."""
+        if not self.run(v, v, set()):
+            return False
+        for device in sorted({self.compute, self.store} - {None}):
+            for op in sorted(op for op in self.held[device] if self.next_use(op, v) == -1):
+                self.free(op, device, v)
+        return True
+
+
+def offload(problem: Problem, compute: int, store: int | None = None) -> Schedule | None:
+    """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit."""
+    state = _Evictor(problem, compute, store)
+    if all(state.step(v) for v in range(problem.num_ops)):
+        return Schedule(tuple(state.events))
+    return None

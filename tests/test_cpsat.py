@@ -1,0 +1,81 @@
+"""CP-SAT on the same MILP: optima equal to the brute force and HiGHS on one and two devices, stopping, progress."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_multidevice import checked, two_device_problems
+from test_solver import brute_force, tiny_problems, training_chain, unet, with_budget
+
+from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve.baselines import best_baseline, keep_all
+from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
+from onnx_remat.passes.solve.cpsat import solve_cpsat
+from onnx_remat.problem import Problem
+
+QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def half_budget(graph: Problem) -> Problem:
+    return with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
+
+
+@QUICK
+@given(tiny_problems(max_ops=6), st.floats(0.0, 1.0))
+def test_cpsat_matches_brute_force_and_highs(problem: Problem, fraction: float):
+    minimum = brute_force(problem, "peak")
+    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
+    problem = with_budget(problem, int(minimum + fraction * (keep_peak - minimum)))
+    cpsat = checked(problem, solve(problem, "cpsat"))
+    assert cpsat.status == "optimal" and cpsat.gap <= 1e-3
+    assert cpsat.model_objective == pytest.approx(brute_force(problem, "cost", problem.budgets[0]))
+    assert cpsat.model_objective == pytest.approx(solve(problem, "highs").model_objective)
+
+
+@QUICK
+@given(two_device_problems())
+def test_cpsat_matches_highs_on_two_devices(p: Problem):
+    try:
+        highs = solve(p, "highs")
+    except InfeasibleBudgetError:
+        with pytest.raises(InfeasibleBudgetError):
+            solve(p, "cpsat")
+        return
+    cpsat = checked(p, solve(p, "cpsat"))
+    assert cpsat.status == "optimal"
+    assert cpsat.model_objective == pytest.approx(highs.model_objective, abs=1e-6)
+
+
+@pytest.mark.parametrize("graph", [training_chain(8), unet(5)], ids=["chain16", "unet16"])
+def test_cpsat_optimum_equals_highs_at_half_budget(graph: Problem):
+    problem = half_budget(graph)
+    cpsat, highs = solve(problem, "cpsat", time_limit=30), solve(problem, "highs", time_limit=30)
+    assert cpsat.status == highs.status == "optimal"
+    assert cpsat.model_objective == pytest.approx(highs.model_objective)
+    assert cpsat.schedule.recompute_count() > 0
+
+
+def test_minimum_peak_model_scales_to_whole_bytes():
+    """The peak-minimizing model (a memory column as objective) gives the brute-force minimum peak."""
+    problem = training_chain(4)
+    peak = simulate(problem, keep_all(problem)).peak_bytes[0]
+    model = build_model(problem, PeakRange(0, 0, peak))
+    outcome = solve_cpsat(model.milp, warm_start=model.assignment(keep_all(problem)))
+    assert outcome.status == "optimal"
+    assert outcome.bound * model.memory_unit == pytest.approx(brute_force(problem, "peak"), abs=0.5)
+
+
+def test_stop_returns_the_best_solution_so_far_and_progress_is_reported():
+    problem = half_budget(unet(12))
+    model = build_model(problem)
+    stop, reports = threading.Event(), []
+    threading.Timer(3.0, stop.set).start()
+    warm = model.assignment(best_baseline(problem)[1])
+    outcome = solve_cpsat(model.milp, 60, warm, lambda *report: reports.append(report), stop=stop)
+    assert outcome.status == "interrupted" and outcome.x is not None
+    assert reports and reports[-1][2] is not None

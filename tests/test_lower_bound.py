@@ -1,0 +1,75 @@
+"""The memory-cut lower bound never exceeds an optimum: the brute force on one device, HiGHS on two."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_multidevice import problem as two_device
+from test_multidevice import two_device_problems
+from test_solver import brute_force, tiny_problems, training_chain, unet, with_budget
+
+from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve.baselines import keep_all
+from onnx_remat.passes.solve.lower_bound import cut_lower_bound
+from onnx_remat.passes.solve.min_budget import step_bytes
+from onnx_remat.problem import Problem
+
+MANY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@MANY
+@given(tiny_problems(max_ops=7), st.floats(0.0, 1.0))
+def test_cut_bound_is_below_the_brute_force_optimum(problem: Problem, fraction: float):
+    minimum = brute_force(problem, "peak")
+    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
+    problem = with_budget(problem, int(minimum + fraction * (keep_peak - minimum)))
+    assert sum(problem.cost[0]) <= cut_lower_bound(problem) <= brute_force(problem, "cost", problem.budgets[0]) + 1e-9
+
+
+def assert_below_the_optimum(p: Problem) -> None:
+    """The bound is at most HiGHS's proven optimum (nothing to check where no schedule fits)."""
+    try:
+        result = solve(p, "highs")
+    except InfeasibleBudgetError:
+        return
+    assert result.status == "optimal"
+    assert cut_lower_bound(p) <= result.model_objective + 1e-9
+
+
+@MANY
+@given(two_device_problems())
+def test_cut_bound_is_below_the_two_device_optimum(p: Problem):
+    assert_below_the_optimum(p)
+
+
+@st.composite
+def short_training_steps(draw) -> Problem:
+    """Training chains (gradient k reads forward k) plus a skip or two, on a fast device and one no faster,
+    with budgets a little above the largest step: memory is short and the way-back term counts."""
+    layers = draw(st.integers(2, 4))
+    n = 2 * layers
+    edges = [(i, i + 1) for i in range(n - 1)] + [(k, n - 1 - k) for k in range(layers - 1)]
+    skips = st.tuples(st.integers(0, n - 2), st.integers(1, n - 1)).filter(lambda e: e[0] < e[1])
+    edges += draw(st.lists(skips, max_size=2))
+    sizes = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
+    fast = draw(st.lists(st.integers(1, 9), min_size=n, max_size=n))
+    slow = [c * draw(st.sampled_from([1, 2, 3])) + draw(st.integers(0, 3)) for c in fast]
+    step = max(step_bytes(two_device(edges, sizes, [fast], [10**9]), v) for v in range(n))
+    budgets = [step + draw(st.integers(0, 8)) for _ in range(2)]
+    return two_device(edges, sizes, [fast, slow], budgets, copy=draw(st.sampled_from([0.05, 0.3, 1.0])))
+
+
+@MANY
+@given(short_training_steps())
+def test_cut_bound_is_below_the_optimum_with_a_home_device(p: Problem):
+    assert_below_the_optimum(p)
+
+
+@pytest.mark.parametrize("graph", [training_chain(10), unet(5)], ids=["chain", "unet"])
+def test_cut_bound_is_above_the_trivial_one_where_memory_is_short(graph: Problem):
+    problem = with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
+    bound = cut_lower_bound(problem)
+    assert sum(problem.cost[0]) < bound <= solve(problem, time_limit=30).model_objective + 1e-9

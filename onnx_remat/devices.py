@@ -9,14 +9,15 @@ A device file is TOML with one `[[device]]` table per device, in the order the s
     threads = 4                         # optional: intra-op threads (onnxruntime) / INFERENCE_NUM_THREADS
     budget = "2GiB"                     # optional: memory budget, as --budget reads it
 
-`PRESETS` names common settings; `get_devices` takes a preset name or a file path.
+`PRESETS` names common settings; `get_devices` takes a preset name or a file path. `device_budgets` merges the
+budgets of the command line (or the Python API) with those of the device file.
 """
 
 from __future__ import annotations
 
 import functools
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,19 @@ def preset(name: str) -> tuple[Device, ...]:
     return devices
 
 
-def get_devices(spec: str | Path) -> tuple[Device, ...]:
-    """Devices from a preset name or a TOML file path."""
-    return preset(str(spec)) if str(spec) in PRESETS else load_devices(spec)
+def get_devices(spec: str | Path | Sequence[Device] | None = None) -> tuple[Device, ...]:
+    """Devices from a preset name or a TOML file path; given Devices are checked; None is the `cpu` preset."""
+    if spec is None:
+        return preset("cpu")
+    if isinstance(spec, (str, Path)):
+        return preset(str(spec)) if str(spec) in PRESETS else load_devices(spec)
+    devices = tuple(spec)
+    if not devices:
+        raise UsageError("no devices given: give at least one Device, a device file or a preset")
+    _check_unique(devices, "devices")
+    for device in devices:
+        check_available(device, "devices")
+    return devices
 
 
 def load_devices(path: str | Path) -> tuple[Device, ...]:
@@ -179,7 +190,46 @@ def budgets_by_name(devices: Iterable[Device], override: Mapping[str, Budget] | 
     """Each device's budget: from `override` (the command line) if given there, else from its device file."""
     override = override or {}
     return {
-        d.name: override.get(d.name, d.parsed_budget)
-        for d in devices
-        if d.name in override or d.budget is not None
+        d.name: override.get(d.name, d.parsed_budget) for d in devices if d.name in override or d.budget is not None
     }
+
+
+BudgetSpec = str | int | Budget | Mapping[str, str | int | Budget]
+"""A budget for every device (`25%`, bytes, a Budget), per device as text (`cpu=2GiB,gpu=25%`) or as a mapping."""
+
+
+def device_budgets(devices: Sequence[Device], budget: BudgetSpec | None) -> dict[str, Budget]:
+    """Every device's budget, in device order: from `budget` where it names one, else from the device file.
+
+    A device left without a budget is an error that says how to give one."""
+    names = [d.name for d in devices]
+    if budget is None:
+        override: dict[str, Budget] = {}
+    elif isinstance(budget, str):
+        override = parse_device_budgets(budget, names)
+    elif isinstance(budget, Mapping):
+        override = {name: _as_budget(value) for name, value in budget.items()}
+        unknown = [name for name in override if name not in names]
+        if unknown:
+            raise UsageError(f"the budgets name device {unknown[0]!r}, but the devices are {', '.join(names)}")
+    else:
+        override = dict.fromkeys(names, _as_budget(budget))
+    budgets = budgets_by_name(devices, override)
+    missing = [name for name in names if name not in budgets]
+    if missing:
+        raise UsageError(
+            f"device {missing[0]!r} has no budget: give --budget {missing[0]}=2GiB (or 25%, min), "
+            "one budget for every device, or budget = in the device file"
+        )
+    return {name: budgets[name] for name in names}
+
+
+def _as_budget(value: str | int | Budget) -> Budget:
+    """A budget given as text, bytes or a Budget."""
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise UsageError(f"budget {value} must be more than zero bytes")
+        return Budget(absolute_bytes=value)
+    return parse_budget(str(value))

@@ -20,9 +20,7 @@ Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph'
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -42,7 +40,8 @@ from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
 from onnx_remat.passes.build_problem import _constant_tensors
-from onnx_remat.passes.execute import ort_session, random_feeds, session_options
+from onnx_remat.passes.execute import ort_session, random_feeds
+from onnx_remat.passes.runtimes import Runtime, runtime_for
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.problem import Problem
 
@@ -52,7 +51,6 @@ CACHE_VERSION = 1
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
-_ORT_MEMORY = {"CUDAExecutionProvider": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -165,7 +163,7 @@ def _measure(
     progress: Progress,
 ) -> ProfiledCosts:
     """Run the measurements: call overheads, every operator on every device, every hand-off."""
-    runtimes = [_runtime(d) for d in devices]
+    runtimes = [runtime_for(d) for d in devices]
     empty = {runtime.device.name: _empty_call(runtime) for runtime in runtimes}
     overhead = {name: _median_seconds(call, max(repeats, 50)) for name, call in empty.items()}
     steps = _Steps(len(devices) * (len(groups) + len(devices)), progress)
@@ -199,7 +197,7 @@ class _Steps:
 
 
 def _operator_costs(
-    model: onnx.ModelProto, groups: list[tuple[str, ...]], runtimes: list[_Runtime],
+    model: onnx.ModelProto, groups: list[tuple[str, ...]], runtimes: list[Runtime],
     empty: dict[str, Callable[[], object]], repeats: int, steps: _Steps,
 ) -> dict[str, tuple[float, ...]]:
     """Seconds of every group on every device, less an empty call on the device (at least MIN_SECONDS)."""
@@ -216,7 +214,7 @@ def _operator_costs(
 
 
 def _copy_matrices(
-    runtimes: list[_Runtime], overhead: dict[str, float], repeats: int, steps: _Steps
+    runtimes: list[Runtime], overhead: dict[str, float], repeats: int, steps: _Steps
 ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
     """Per-byte and fixed seconds of every hand-off; the fixed part includes the target's call overhead."""
     per_byte, fixed = [], []
@@ -250,7 +248,7 @@ def _seconds(run: Callable[[], object]) -> float:
     return time.perf_counter() - begin
 
 
-def _empty_call(runtime: _Runtime) -> Callable[[], object]:
+def _empty_call(runtime: Runtime) -> Callable[[], object]:
     """A runtime call that does next to nothing (a Relu of one element): the runtime's per-call overhead."""
     value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
     result = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
@@ -259,7 +257,7 @@ def _empty_call(runtime: _Runtime) -> Callable[[], object]:
     return runtime.prepare(model, {"x": np.ones(1, np.float32)})
 
 
-def _copy_fit(source: _Runtime, target: _Runtime, repeats: int) -> tuple[float, float]:
+def _copy_fit(source: Runtime, target: Runtime, repeats: int) -> tuple[float, float]:
     """Fixed seconds and seconds per byte (both >= 0) of handing a float tensor from `source` to `target`."""
     seconds = []
     for size in COPY_SIZES:
@@ -351,80 +349,3 @@ def _reads(nodes: list[onnx.NodeProto]) -> list[str]:
 
 def _is_float(info: TensorInfo) -> bool:
     return bool(np.issubdtype(helper.tensor_dtype_to_np_dtype(info.elem_type), np.floating))
-
-
-class _Runtime(abc.ABC):
-    """How one device runs a model with resident inputs, and moves tensors to and from host memory."""
-
-    def __init__(self, device: Device):
-        self.device = device
-
-    @abc.abstractmethod
-    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
-        """A call that runs `model` once on the device, its inputs already there."""
-
-    @abc.abstractmethod
-    def from_host(self, array: np.ndarray) -> Any:
-        """`array` as a value resident on the device."""
-
-    @abc.abstractmethod
-    def to_host(self, value: Any) -> np.ndarray:
-        """A device value as a numpy array the device may not overwrite."""
-
-
-class _OnnxRuntime(_Runtime):
-    """An onnxruntime session per model, run through an IO binding so nothing is copied per run."""
-
-    @property
-    def memory(self) -> str:
-        return _ORT_MEMORY.get(self.device.provider, "cpu")
-
-    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
-        session = ort.InferenceSession(
-            model.SerializeToString(), session_options(threads=self.device.threads),
-            providers=[self.device.provider], disabled_optimizers=["CommonSubexpressionElimination"],
-        )
-        binding = session.io_binding()
-        values = {name: self.from_host(array) for name, array in feeds.items()}
-        for name, value in values.items():
-            binding.bind_ortvalue_input(name, value)
-        for output in session.get_outputs():
-            binding.bind_output(output.name, self.memory)
-        return lambda: session.run_with_iobinding(binding)
-
-    def from_host(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(array, self.memory, 0)
-
-    def to_host(self, value: ort.OrtValue) -> np.ndarray:
-        return value.numpy()
-
-
-class _OpenVino(_Runtime):
-    """An OpenVINO compiled model per model (f32, latency hint, the device's thread limit)."""
-
-    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
-        if self.device.threads:
-            config["INFERENCE_NUM_THREADS"] = self.device.threads
-        core = _openvino_core()
-        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
-        request = compiled.create_infer_request()
-        for name, array in feeds.items():
-            request.set_tensor(name, self.from_host(array))
-        return request.infer
-
-    def from_host(self, array: np.ndarray) -> ov.Tensor:
-        # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
-        return ov.Tensor(array.view(np.dtype(array.dtype.str)))
-
-    def to_host(self, value: ov.Tensor) -> np.ndarray:
-        return np.array(value.data)
-
-
-@functools.cache
-def _openvino_core() -> ov.Core:
-    return ov.Core()
-
-
-def _runtime(device: Device) -> _Runtime:
-    return _OnnxRuntime(device) if device.runtime == "onnxruntime" else _OpenVino(device)

@@ -1,42 +1,66 @@
-"""Rewrite an ONNX graph to follow a schedule: nodes in schedule order, recomputations as named duplicates.
+"""Rewrite an ONNX graph to follow a schedule: nodes in schedule order, recomputations as named duplicates,
+every node on its device and an explicit copy node wherever a tensor crosses devices.
 
 The k-th recomputation of a node `conv3` is a copy named `conv3__remat<k>` whose outputs carry the same
-suffix; every consumer reads the latest instance of its input computed before it. A graph output is
-carried by the last instance of its producer (the first one is then renamed `<name>__remat0`), so
-onnxruntime need not hold a stale instance to the end. Every node says in `metadata_props` what it is.
+suffix. A `Copy` event of an operator becomes, for each tensor the operator hands to other operators or the
+graph, an Identity node `<tensor>__copy_<source>_to_<target>` (`__copy<k>_` for the k-th later copy of the
+tensor between the same devices) whose output is the tensor's instance on the target. Every consumer reads the
+latest instance of its input on its own device; parameters, graph inputs and the prelude's outputs are held
+on every device. A graph output is carried by the last instance of its tensor (the first one is then renamed
+`<name>__remat0`), so onnxruntime need not hold a stale instance to the end; copies nobody reads are dropped.
+
+Every node says in `metadata_props` what it is: `onnx_remat.role` (forward, backward, recompute, copy),
+`onnx_remat.origin` (the original node; for a copy, the node producing the tensor), `onnx_remat.device`
+(for a copy, the target; `onnx_remat.source` and `onnx_remat.target` name both ends), `onnx_remat.step`,
+and `layer_ann` = the device name: onnxruntime (1.32 here) pins a node to a provider by that key with the
+session option `session.layer_assignment_settings` (see `runtimes.layer_assignment_settings`). With more than
+one device the model also carries the machine-readable placement of IR v11: `ModelProto.configuration` lists
+the devices, each node's `device_configurations` names the device index of every tensor it writes (a copy:
+also of the tensor it reads); a single-device model stays at IR 10.
 
 Works on the protobuf directly: the rewrite only reorders, copies and renames nodes, and a protobuf copy
-keeps everything else (metadata, device configurations, functions, value_info) with no round trip.
+keeps everything else (metadata, functions, value_info) with no round trip.
 """
 
 from __future__ import annotations
 
-from onnx import ModelProto, NodeProto, StringStringEntryProto, defs, helper
+from onnx import DeviceConfigurationProto, ModelProto, NodeProto, StringStringEntryProto, defs, helper
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.schedule import Copy, Free, Schedule
 
-# Node metadata_props need IR >= 10. onnxruntime 1.31 reads at most IR 13 (1.32 reads 14), OpenVINO 2026 14.
+# Node metadata_props need IR >= 10, device configurations IR >= 11. onnxruntime 1.31 reads at most IR 13
+# (1.32 reads 14), OpenVINO 2026 14.
 MIN_IR_VERSION = 10
+DEVICE_CONFIGURATION_IR_VERSION = 11
 MAX_IR_VERSION = 13
 PRELUDE_STEP = -1  # the `onnx_remat.step` of nodes run once up front, before the schedule's first event
+PREFIX = "onnx_remat."
+LAYER_KEY = "layer_ann"  # the node metadata key onnxruntime's session.layer_assignment_settings matches
+CONFIGURATION = "onnx_remat"  # the name of the model's DeviceConfigurationProto
+BUDGET_PREFIX = PREFIX + "budget."  # model metadata: `onnx_remat.budget.<device>` = the budget in bytes
 
 
 def rewrite(
     model: ModelProto, opmap: OpMap, schedule: Schedule, device_names: tuple[str, ...] = ("cpu",)
 ) -> ModelProto:
-    """A copy of `model` whose nodes are the prelude then the schedule's computations, in its order."""
+    """A copy of `model` whose nodes are the prelude then the schedule's computations and copies, in its order."""
     by_name = {node.name: node for node in model.graph.node}
     _check_coverage(by_name, opmap)
-    emitter = _Emitter(device_names)
+    resident = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
+    emitter = _Emitter(device_names, resident)
     for name in opmap.prelude:
         emitter.emit(by_name[name], 0, "forward", 0, PRELUDE_STEP)
+    emitter.resident.update(out for name in opmap.prelude for out in by_name[name].output)
+    handed = _handed_over(model, opmap)
     instances: dict[int, int] = {}
     for step, event in enumerate(schedule.events):
-        if isinstance(event, Copy):
-            raise ValueError(f"step {step}: copy events need the multi-device rewrite, which is not implemented")
         if isinstance(event, Free):
-            continue  # onnxruntime frees a tensor after its last consumer: the order says it all
+            continue  # a runtime frees a tensor after its last consumer: the order says it all
+        if isinstance(event, Copy):
+            for tensor, producer in handed[event.op]:
+                emitter.copy(tensor, producer, event.source, event.target, step)
+            continue
         k = instances.get(event.op, 0)
         instances[event.op] = k + 1
         role = opmap.role(event.op) if k == 0 else "recompute"
@@ -45,10 +69,29 @@ def rewrite(
     return _assemble(model, emitter)
 
 
-def ir_version_for(model: ModelProto) -> int:
-    """The IR version to write: at least 10 (node metadata) and what the opsets need, at most 13."""
+def tag_budgets(model: ModelProto, budgets: dict[str, int]) -> None:
+    """Record each device's budget in bytes in the model's metadata, so a run can compare its peaks with them."""
+    kept = [p for p in model.metadata_props if not p.key.startswith(BUDGET_PREFIX)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.extend(
+        StringStringEntryProto(key=BUDGET_PREFIX + name, value=str(value)) for name, value in budgets.items()
+    )
+
+
+def tagged_budgets(model: ModelProto) -> dict[str, int]:
+    """The budgets `tag_budgets` recorded, by device name."""
+    return {
+        p.key.removeprefix(BUDGET_PREFIX): int(p.value) for p in model.metadata_props if p.key.startswith(BUDGET_PREFIX)
+    }
+
+
+def ir_version_for(model: ModelProto, devices: int = 1) -> int:
+    """The IR version to write: at least 10 (node metadata), 11 with several devices (device configurations),
+    and what the opsets need, at most 13."""
     needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    return min(max(MIN_IR_VERSION, needed), MAX_IR_VERSION)
+    floor = DEVICE_CONFIGURATION_IR_VERSION if devices > 1 else MIN_IR_VERSION
+    return min(max(floor, needed), MAX_IR_VERSION)
 
 
 def _check_coverage(by_name: dict[str, NodeProto], opmap: OpMap) -> None:
@@ -60,48 +103,141 @@ def _check_coverage(by_name: dict[str, NodeProto], opmap: OpMap) -> None:
         raise ValueError(f"nodes in no operator and not in the prelude: {sorted(missing)[:5]}")
 
 
-class _Emitter:
-    """Appends node copies, suffixing outputs per instance and resolving inputs to the latest instance."""
+def _handed_over(model: ModelProto, opmap: OpMap) -> list[list[tuple[str, str]]]:
+    """Per operator, the (tensor, producing node) pairs it hands to other operators or the graph: what a copy of
+    its output moves (every such output of a multi-output node)."""
+    nodes = {node.name: node for node in model.graph.node}
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    graph_outputs = {output.name for output in model.graph.output}
+    handed = []
+    for names in opmap.node_names:
+        inside = set(names)
+        handed.append([
+            (out, name) for name in names for out in nodes[name].output
+            if out and (out in graph_outputs or readers.get(out, set()) - inside)
+        ])
+    return handed
 
-    def __init__(self, device_names: tuple[str, ...]):
+
+class _Emitter:
+    """Appends node copies, suffixing outputs per instance and resolving inputs to the latest instance on the
+    reading node's device."""
+
+    def __init__(self, device_names: tuple[str, ...], resident: set[str]):
         self.device_names = device_names
+        self.resident = resident  # tensors held on every device: graph inputs, parameters, prelude outputs
         self.nodes: list[NodeProto] = []
-        self.latest: dict[str, str] = {}  # original tensor name -> name of its latest instance
+        self.latest: dict[tuple[str, int], str] = {}  # (original tensor, device) -> its latest instance there
+        self.last: dict[str, str] = {}  # original tensor name -> its latest instance on any device
         self.origin: dict[str, str] = {}  # instance name -> original tensor name
+        self.copies: dict[tuple[str, int, int], int] = {}  # (tensor, source, target) -> copies made so far
 
     def emit(self, original: NodeProto, instance: int, role: str, device: int, step: int) -> None:
-        """Append instance `instance` (0 = first computation) of `original`."""
+        """Append instance `instance` (0 = first computation) of `original` on `device`."""
         suffix = f"__remat{instance}" if instance else ""
         node = NodeProto()
         node.CopyFrom(original)
         node.name = original.name + suffix
-        node.input[:] = [self.latest.get(name, name) for name in original.input]
+        node.input[:] = [self._instance(name, device, node.name) for name in original.input]
         node.output[:] = [name + suffix if name else "" for name in original.output]
         for name, renamed in zip(original.output, node.output, strict=True):
             if name:
-                self.latest[name] = renamed
-                self.origin[renamed] = name
-        meta = {"role": role, "origin": original.name, "device": self.device_names[device], "step": str(step)}
-        del node.metadata_props[:]
-        node.metadata_props.extend(StringStringEntryProto(key=f"onnx_remat.{k}", value=v) for k, v in meta.items())
+                self._produced(name, renamed, device)
+        self._tag(node, role=role, origin=original.name, device=self.device_names[device], step=str(step))
         self.nodes.append(node)
+
+    def copy(self, tensor: str, producer: str, source: int, target: int, step: int) -> None:
+        """Append an Identity node moving the latest instance of `tensor` on `source` to `target`."""
+        k = self.copies.get((tensor, source, target), 0)
+        self.copies[(tensor, source, target)] = k + 1
+        names = self.device_names
+        name = f"{tensor}__copy{k or ''}_{names[source]}_to_{names[target]}"
+        if (tensor, source) not in self.latest:
+            raise ValueError(f"step {step}: copying {tensor!r} from {names[source]}, where it was never computed")
+        node = helper.make_node("Identity", [self.latest[(tensor, source)]], [name], name=name)
+        self._produced(tensor, name, target)
+        self._tag(node, role="copy", origin=producer, device=names[target], step=str(step),
+                  source=names[source], target=names[target])
+        self.nodes.append(node)
+
+    def _instance(self, name: str, device: int, reader: str) -> str:
+        """The instance of tensor `name` that a node on `device` reads."""
+        if not name or (name, device) in self.latest:
+            return self.latest.get((name, device), name)
+        if name in self.resident:
+            return name
+        raise ValueError(f"node {reader} on {self.device_names[device]} reads {name!r}, which is not there")
+
+    def _produced(self, tensor: str, instance: str, device: int) -> None:
+        self.latest[(tensor, device)] = instance
+        self.last[tensor] = instance
+        self.origin[instance] = tensor
+
+    def _tag(self, node: NodeProto, **meta: str) -> None:
+        """Replace the node's metadata with the onnx_remat keys and `layer_ann` = its device."""
+        del node.metadata_props[:]
+        node.metadata_props.extend(StringStringEntryProto(key=PREFIX + k, value=v) for k, v in meta.items())
+        node.metadata_props.append(StringStringEntryProto(key=LAYER_KEY, value=meta["device"]))
 
 
 def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
-    """`model` with the emitted nodes, graph outputs on their last instances and shapes for every instance."""
-    renames = _graph_output_renames(model, emitter.latest)
+    """`model` with the emitted nodes, graph outputs on their last instances, shapes for every instance and,
+    with several devices, the device configuration."""
+    renames = _graph_output_renames(model, emitter.last)
     for node in emitter.nodes:
         node.input[:] = [renames.get(name, name) for name in node.input]
         node.output[:] = [renames.get(name, name) for name in node.output]
-    _drop_unread_optional_outputs(emitter.nodes, {o.name for o in model.graph.output}, _opsets(model))
+    graph_outputs = {o.name for o in model.graph.output}
+    nodes = _without_unread_copies(emitter.nodes, graph_outputs)
+    _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model))
     origin = {renames.get(name, name): base for name, base in emitter.origin.items()}
     out = ModelProto()
     out.CopyFrom(model)
-    out.ir_version = ir_version_for(model)
+    devices = emitter.device_names
+    out.ir_version = ir_version_for(model, len(devices))
     del out.graph.node[:]
-    out.graph.node.extend(emitter.nodes)
+    out.graph.node.extend(nodes)
+    if len(devices) > 1:
+        _set_device_configurations(out, devices)
     _carry_value_info(out, model, origin)
     return out
+
+
+def _without_unread_copies(nodes: list[NodeProto], graph_outputs: set[str]) -> list[NodeProto]:
+    """`nodes` less the copies whose output no node reads and no graph output is (a copy moves every tensor
+    of an operator, some of which the target may not need), until none is left."""
+    while True:
+        read = {name for node in nodes for name in node.input} | graph_outputs
+        kept = [node for node in nodes if _meta(node, "role") != "copy" or node.output[0] in read]
+        if len(kept) == len(nodes):
+            return nodes
+        nodes = kept
+
+
+def _set_device_configurations(model: ModelProto, devices: tuple[str, ...]) -> None:
+    """IR v11 placement: a configuration listing the devices, and on each node the device index of every tensor
+    it writes (a copy: also of the one it reads)."""
+    index = {name: k for k, name in enumerate(devices)}
+    kept = [c for c in model.configuration if c.name != CONFIGURATION]
+    del model.configuration[:]
+    model.configuration.extend(kept)
+    model.configuration.append(DeviceConfigurationProto(name=CONFIGURATION, num_devices=len(devices), device=devices))
+    for node in model.graph.node:
+        del node.device_configurations[:]
+        placement = node.device_configurations.add(configuration_id=CONFIGURATION)
+        if _meta(node, "role") == "copy":
+            placement.sharding_spec.add(tensor_name=node.input[0], device=[index[_meta(node, "source")]])
+        for name in node.output:
+            if name:
+                placement.sharding_spec.add(tensor_name=name, device=[index[_meta(node, "device")]])
+
+
+def _meta(node: NodeProto, key: str) -> str | None:
+    """The node's `onnx_remat.<key>` metadata value, or None."""
+    return next((p.value for p in node.metadata_props if p.key == PREFIX + key), None)
 
 
 def _opsets(model: ModelProto) -> dict[str, int]:
@@ -125,7 +261,7 @@ def _drop_unread_optional_outputs(nodes: list[NodeProto], graph_outputs: set[str
 
 def _is_recompute(node: NodeProto) -> bool:
     """Whether `node` is a recomputation (by its role metadata)."""
-    return any(p.key == "onnx_remat.role" and p.value == "recompute" for p in node.metadata_props)
+    return _meta(node, "role") == "recompute"
 
 
 def _is_optional(schema: defs.OpSchema, index: int) -> bool:

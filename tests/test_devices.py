@@ -10,6 +10,7 @@ from onnx_remat.devices import (
     PRESETS,
     Device,
     budgets_by_name,
+    device_budgets,
     get_devices,
     load_devices,
     parse_device_budgets,
@@ -52,7 +53,8 @@ def test_loads_devices_in_file_order_with_defaults(tmp_path):
 def test_shipped_two_engine_file_loads():
     devices = load_devices(SHIPPED / "ort-cpu+ov-cpu.toml")
     assert [(d.runtime, d.provider, d.threads) for d in devices] == [
-        ("onnxruntime", "CPUExecutionProvider", 1), ("openvino", "CPU", 1),
+        ("onnxruntime", "CPUExecutionProvider", 1),
+        ("openvino", "CPU", 1),
     ]
     assert devices == preset("ort-cpu+ov-cpu") == get_devices("ort-cpu+ov-cpu")
 
@@ -102,10 +104,12 @@ def test_presets_use_known_runtimes():
 
 def test_parse_device_budgets():
     assert parse_device_budgets("cpu=2GiB, gpu=512MiB") == {
-        "cpu": Budget(absolute_bytes=2 * 2**30), "gpu": Budget(absolute_bytes=512 * 2**20),
+        "cpu": Budget(absolute_bytes=2 * 2**30),
+        "gpu": Budget(absolute_bytes=512 * 2**20),
     }
     assert parse_device_budgets("ort=25%,ov=min", ["ort", "ov"]) == {
-        "ort": Budget(fraction=0.25), "ov": Budget(minimum=True),
+        "ort": Budget(fraction=0.25),
+        "ov": Budget(minimum=True),
     }
     assert parse_device_budgets("40%", ["a", "b"]) == {"a": Budget(fraction=0.4), "b": Budget(fraction=0.4)}
 
@@ -130,3 +134,22 @@ def test_command_line_budgets_override_the_device_file(tmp_path):
     assert budgets_by_name(devices) == {"ort": parse_budget("64MiB")}
     override = parse_device_budgets("ov=1GiB", [d.name for d in devices])
     assert budgets_by_name(devices, override) == {"ort": parse_budget("64MiB"), "ov": parse_budget("1GiB")}
+
+
+def test_device_budgets_merge_the_command_line_with_the_file(tmp_path):
+    devices = load_devices(write(tmp_path, TWO_CPUS))
+    assert device_budgets(devices, "ov=25%") == {"ort": parse_budget("64MiB"), "ov": parse_budget("25%")}
+    assert device_budgets(devices, "50%") == {"ort": parse_budget("50%"), "ov": parse_budget("50%")}
+    assert device_budgets(devices, {"ov": 1024}) == {"ort": parse_budget("64MiB"), "ov": Budget(absolute_bytes=1024)}
+    with pytest.raises(UsageError, match="device 'ov' has no budget: give --budget ov="):
+        device_budgets(devices, None)
+    with pytest.raises(UsageError, match="the budgets name device 'gpu'"):
+        device_budgets(devices, {"gpu": "1GiB"})
+
+
+def test_get_devices_default_and_given():
+    assert get_devices() == PRESETS["cpu"]
+    assert get_devices(PRESETS["ort-cpu+ov-cpu"]) == PRESETS["ort-cpu+ov-cpu"]
+    twice = (Device("a", "onnxruntime", "CPUExecutionProvider"),) * 2
+    with pytest.raises(UsageError, match="appears twice"):
+        get_devices(twice)

@@ -14,6 +14,7 @@ from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import keep_all, on_device
 from onnx_remat.passes.solve.checkmate_milp import build_model, write_mps
 from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, step_bytes
+from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy
 
@@ -158,3 +159,30 @@ def test_highs_and_cbc_agree_and_beat_every_single_device(p: Problem):
 def test_every_compute_lands_on_a_valid_device():
     p = problem([(0, 1), (1, 2)], [10, 1, 1], [[1, 1, 10], [10, 10, 100]], [3, 100])
     assert all(isinstance(c, Compute) and c.device in (0, 1) for c in solve(p).schedule.computes)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_device_problems())
+def test_offloading_heuristic_passes_the_simulator_within_budgets(p: Problem):
+    for compute, store in ((0, 1), (1, 0), (0, None)):
+        schedule = offload(p, compute, store)
+        if schedule is not None:
+            check_schedule(p, schedule)
+
+
+def test_eviction_heuristic_recomputes_what_is_cheaper_than_a_round_trip():
+    """As below, but op0 is cheap and copies dear: op0 is dropped and recomputed for op3, nothing copied."""
+    p = problem([(0, 1), (1, 2), (2, 3), (0, 3)], [10, 10, 10, 1], [[1, 1, 1, 1], [9, 9, 9, 9]], [25, 100], copy=1.0)
+    schedule = offload(p, 0, 1)
+    assert schedule is not None and schedule.recompute_count() == 1
+    assert not [e for e in schedule.events if isinstance(e, Copy)]
+    assert check_schedule(p, schedule).total_cost == pytest.approx(5)
+
+
+def test_offloading_heuristic_parks_a_skip_tensor_instead_of_recomputing():
+    """0 -> 1 -> 2 -> 3 with 0 also read by 3: the fast device cannot hold 0 through 1 and 2, so 0 is parked."""
+    p = problem([(0, 1), (1, 2), (2, 3), (0, 3)], [10, 10, 10, 1], [[1, 1, 1, 1], [9, 9, 9, 9]], [25, 100], copy=0.01)
+    schedule = offload(p, 0, 1)
+    assert schedule is not None
+    assert [(c.op, c.source, c.target) for c in schedule.events if isinstance(c, Copy)] == [(0, 0, 1), (0, 1, 0)]
+    assert check_schedule(p, schedule).total_cost == pytest.approx(4 + 2 * 10 * 0.01)

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.rewrite import rewrite
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
+from onnx_remat.schedule import Compute, Free, Schedule
 
 C, F = Compute, Free
 
@@ -166,13 +166,6 @@ def test_unread_optional_outputs_of_recomputations_are_dropped():
     assert [list(node.output) for node in model.graph.node if node.name == "pool__remat1"] == [["p__remat1", ""]]
     feeds = random_feeds(original)
     np.testing.assert_allclose(run(model, feeds)[0], run(original, feeds)[0], rtol=0, atol=1e-6)
-
-
-def test_copy_events_are_refused():
-    original = conv_chain(depth=1)
-    schedule = Schedule((C(0, 0), Copy(0, 1, 0, 1), C(1, 1)))
-    with pytest.raises(ValueError, match="copy"):
-        rewrite(original, one_node_ops(original), schedule, ("cpu", "gpu"))
 
 
 def test_nodes_outside_the_opmap_are_refused():

@@ -1,0 +1,107 @@
+"""`onnx-remat run OUT.onnx --devices FILE`: execute a rewritten model on its devices, report time and memory.
+
+Each device runs its segments of the model in its own runtime, tensors handed across at the copy nodes
+(onnx_remat.passes.run_devices). Prints the measured time per run (median of --repeats after a warm-up) in total,
+per device and for the hand-offs, and each device's predicted peak memory against its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from onnx_remat.budget import format_bytes
+from onnx_remat.devices import PRESETS
+from onnx_remat.errors import UsageError
+from onnx_remat.execution import DEFAULT_REPEATS, input_values, run_on_devices
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.execute import run as run_whole
+from onnx_remat.passes.load import load_model
+from onnx_remat.passes.run_devices import DeviceRun
+from onnx_remat.pipeline import check_output_path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-remat run",
+        description="Execute a model written by onnx-remat on its devices: every device's segments in its "
+        "runtime, tensors handed across at the copy nodes; print measured time and predicted peak memory per "
+        "device against its budget.",
+    )
+    parser.add_argument("model", help="a model written by onnx-remat (every node tagged with its device)")
+    parser.add_argument(
+        "--devices", metavar="FILE.toml|PRESET", required=True,
+        help=f"the devices the model was rewritten for: a device file or a preset ({', '.join(PRESETS)})",
+    )
+    parser.add_argument(
+        "--budget", help="compare the peaks with these budgets in bytes: for every device (2GiB) or per device "
+        "(cpu=2GiB,gpu=512MiB); default the budgets the model was rewritten for",
+    )
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help=f"timed runs after a warm-up, median (default {DEFAULT_REPEATS})")
+    parser.add_argument("--inputs", metavar="FEEDS.npz", help="graph inputs by name (default: random values)")
+    parser.add_argument("--outputs", metavar="OUT.npz", help="write the graph outputs by name")
+    parser.add_argument("--check", action="store_true",
+                        help="also run the whole model in onnxruntime on the CPU and print the largest difference")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --outputs file")
+    return parser
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Read the inputs, run the model on its devices, print the summary, write the outputs."""
+    if args.outputs:
+        check_output_path(args.outputs, args.model, args.force)
+    model = load_model(args.model)
+    feeds = input_values(model, _read_feeds(args.inputs) if args.inputs else None)
+    result = run_on_devices(model, args.devices, feeds, args.budget, args.repeats)
+    for line in summary_lines(args.model, result, args.repeats):
+        console.print(line, highlight=False)
+    if args.check:
+        whole = run_whole(model, feeds)
+        worst = max(float(np.max(np.abs(got - want), initial=0.0))
+                    for got, want in zip(result.outputs.values(), whole, strict=True))
+        console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}", highlight=False)
+    if args.outputs:
+        buffer = io.BytesIO()
+        np.savez(buffer, **result.outputs)
+        write_atomically(Path(args.outputs), buffer.getvalue())
+
+
+def _read_feeds(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name."""
+    if not Path(path).is_file():
+        raise UsageError(f"--inputs {path} does not exist: give an .npz file with one array per graph input")
+    try:
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--inputs {path} is not an .npz file ({exc})") from None
+
+
+def summary_lines(model: str, result: DeviceRun, repeats: int) -> list[str]:
+    """Time per run in total, per device and for hand-offs; each device's peak against its budget."""
+    lines = [
+        f"ran {model} on {' + '.join(result.device_seconds)}: {sum(result.segments.values())} segments, "
+        f"{result.copies} copies; {_ms(result.seconds)} per run (median of {repeats})",
+    ]
+    for name, seconds in result.device_seconds.items():
+        budget = result.budgets[name]
+        peak = result.peak_bytes[name]
+        against = "no budget" if budget is None else (
+            f"budget {format_bytes(budget)}, {'within' if peak <= budget else 'OVER BUDGET'}"
+        )
+        lines.append(
+            f"  {name}: {result.segments[name]} segments, {_ms(seconds)}, predicted peak {format_bytes(peak)} "
+            f"({against})"
+        )
+    lines.append(f"  hand-offs between devices: {_ms(result.handoff_seconds)}")
+    return lines
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"

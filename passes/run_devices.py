@@ -1,0 +1,381 @@
+"""Execute a rewritten multi-device model: per-device segments, each on its device's runtime, tensors handed
+across at the copy nodes.
+
+The nodes (in file order, the schedule's order) are split into maximal runs of nodes tagged with one device
+(`onnx_remat.device`); each run becomes a standalone ONNX model (inputs: what it reads from outside; outputs: what
+a later step or the graph reads, and what nobody reads, so that no runtime prunes a node) compiled on its device's
+runtime (`runtimes`). A copy node (`onnx_remat.role` = copy) is not run by a runtime: the executor moves its input
+from the source device to the target through host memory. A copy ends the open segment if it goes into the
+segment's device or is the last reader of its input (which is then freed where the schedule frees it); any other
+copy waits for the segment's end. Graph inputs and the prelude's outputs are held on every device that reads them,
+moved there before its first segment reading them. The executor drops its reference to a value after the last
+step that reads it.
+
+Time is measured: whole runs after warm-up runs, median over the repeats; per device the time inside its segments,
+the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted, not measured: both engines share
+this process, whose resident set cannot be split by device, and OpenVINO keeps its buffers inside the compiled
+model. A device's peak is the largest, over the steps, of: the parameters its segments read, the tensors the
+executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
+step reading them, graph outputs to the end), and while a segment runs what it produces and its workspace, by the
+liveness rule of `measure.predicted_activation_peak`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_remat.devices import Device
+from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.passes.measure import predicted_activation_peak
+from onnx_remat.passes.rewrite import PREFIX, PRELUDE_STEP
+from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
+from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+
+HOST = -1  # the "device" of graph inputs given as numpy arrays
+# Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several
+# times slower than later ones (measured: a run of 13 OpenVINO segments of a U-Net, 5 ms for the first tens of runs,
+# then 1.3 ms).
+WARMUP_SECONDS = 0.5
+Key = tuple[str, int]  # (tensor name, device index or HOST): a value the executor holds
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive nodes on one device, as a standalone model; `uploads` are held tensors (graph inputs, prelude
+    outputs) moved onto the device first, each with the device it comes from."""
+
+    device: int
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    uploads: tuple[Key, ...]
+    activation_bytes: int
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A copy node: tensor `source_name` on device `source` becomes `target_name` on device `target`."""
+
+    node: str
+    source_name: str
+    target_name: str
+    source: int
+    target: int
+
+
+Step = Segment | Handoff
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The steps in order, the values to drop after each, where each graph output is, and the predicted peaks."""
+
+    devices: tuple[Device, ...]
+    steps: tuple[Step, ...]
+    drops: tuple[tuple[Key, ...], ...]
+    outputs: tuple[Key, ...]
+    output_names: tuple[str, ...]
+    peak_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """What running a plan gave: the graph outputs, measured seconds (median over repeats) in total, per device and
+    for handoffs, and each device's predicted peak bytes with its budget (None: no budget known)."""
+
+    outputs: dict[str, np.ndarray]
+    seconds: float
+    device_seconds: dict[str, float]
+    handoff_seconds: float
+    peak_bytes: dict[str, int]
+    budgets: dict[str, int | None]
+    segments: dict[str, int]
+    copies: int
+
+    @property
+    def within_budgets(self) -> bool:
+        """Whether every device with a budget peaks within it."""
+        return all(budget is None or self.peak_bytes[name] <= budget for name, budget in self.budgets.items())
+
+
+def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
+    """Split a rewritten model into per-device segments and copies, and predict each device's peak memory."""
+    devices = tuple(devices)
+    model = onnx.shape_inference.infer_shapes(model)
+    groups = _group(_placements(model, devices))
+    return _Planner(model, devices, tensor_infos(model)).build(groups)
+
+
+def execute(
+    plan: Plan, feeds: dict[str, np.ndarray], repeats: int = 10, budgets: dict[str, int] | None = None
+) -> DeviceRun:
+    """Compile every segment on its device, run the plan to warm up (once, and for WARMUP_SECONDS at least), then
+    `repeats` times timed."""
+    runtimes = [runtime_for(device) for device in plan.devices]
+    calls = [runtimes[s.device].compile(s.model) if isinstance(s, Segment) else None for s in plan.steps]
+    started = time.perf_counter()
+    outputs, _ = _run_once(plan, runtimes, calls, feeds)
+    while time.perf_counter() - started < WARMUP_SECONDS:
+        _run_once(plan, runtimes, calls, feeds)
+    timings = [_run_once(plan, runtimes, calls, feeds)[1] for _ in range(max(repeats, 1))]
+    names = [device.name for device in plan.devices]
+    per_device = {name: statistics.median(seconds[d] for _, seconds in timings) for d, name in enumerate(names)}
+    return DeviceRun(
+        outputs=outputs,
+        seconds=statistics.median(total for total, _ in timings),
+        device_seconds=per_device,
+        handoff_seconds=statistics.median(total - sum(seconds) for total, seconds in timings),
+        peak_bytes=dict(zip(names, plan.peak_bytes, strict=True)),
+        budgets={name: (budgets or {}).get(name) for name in names},
+        segments={name: sum(isinstance(s, Segment) and s.device == d for s in plan.steps) for d, name in
+                  enumerate(names)},
+        copies=sum(isinstance(s, Handoff) for s in plan.steps),
+    )
+
+
+def _run_once(
+    plan: Plan, runtimes: list[Runtime], calls: list[Callable[[Values], Values] | None], feeds: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], tuple[float, list[float]]]:
+    """One run of the plan: its graph outputs on the host, and (total seconds, seconds per device)."""
+    begin = time.perf_counter()
+    values: dict[Key, Any] = {(name, HOST): array for name, array in feeds.items()}
+    seconds = [0.0] * len(runtimes)
+    for step, call, drops in zip(plan.steps, calls, plan.drops, strict=True):
+        if isinstance(step, Segment):
+            for name, source in step.uploads:
+                values[(name, step.device)] = _move(values[(name, source)], source, step.device, runtimes)
+            inputs = {name: values[(name, step.device)] for name in step.inputs}
+            started = time.perf_counter()
+            produced = call(inputs)
+            seconds[step.device] += time.perf_counter() - started
+            values.update(((name, step.device), produced[name]) for name in step.outputs)
+        else:
+            value = values[(step.source_name, step.source)]
+            values[(step.target_name, step.target)] = _move(value, step.source, step.target, runtimes)
+        for key in drops:
+            del values[key]
+    outputs = {
+        name: values[key] if key[1] == HOST else runtimes[key[1]].to_host(values[key])
+        for name, key in zip(plan.output_names, plan.outputs, strict=True)
+    }
+    return outputs, (time.perf_counter() - begin, seconds)
+
+
+def _move(value: Any, source: int, target: int, runtimes: list[Runtime]) -> Any:
+    """A value on `source` (HOST: a numpy array) as a value on `target`, through host memory."""
+    array = value if source == HOST else runtimes[source].to_host(value)
+    return runtimes[target].from_host(array)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A node with its device index; for a copy, also its source device."""
+
+    node: onnx.NodeProto
+    device: int
+    source: int | None = None
+
+
+def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Placed]:
+    """Every node with the device it is tagged with; errors name the node and what to do."""
+    index = {device.name: k for k, device in enumerate(devices)}
+    names = ", ".join(index)
+    placed = []
+    for node in model.graph.node:
+        meta = {p.key.removeprefix(PREFIX): p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
+        if "device" not in meta:
+            raise ModelError(f"node {node.name!r} has no {PREFIX}device tag: run a model written by onnx-remat")
+        for tag in ("device", "source") if meta.get("role") == "copy" else ("device",):
+            if meta.get(tag) not in index:
+                raise UsageError(
+                    f"the model places node {node.name!r} on device {meta.get(tag)!r}, which the devices lack "
+                    f"({names}): give the device file the model was rewritten for"
+                )
+        copy = meta.get("role") == "copy"
+        if copy and (node.op_type != "Identity" or len(node.input) != 1 or len(node.output) != 1):
+            raise ModelError(f"copy node {node.name!r} must be an Identity with one input and one output")
+        placed.append(_Placed(node, index[meta["device"]], index[meta["source"]] if copy else None))
+    return placed
+
+
+def _group(placed: list[_Placed]) -> list[list[_Placed]]:
+    """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
+    goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
+    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway)."""
+    last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
+    groups: list[list[_Placed]] = []
+    current: list[_Placed] = []
+    waiting: list[list[_Placed]] = []
+
+    def close() -> None:
+        groups.extend([current.copy()] if current else [])
+        groups.extend(waiting)
+        current.clear()
+        waiting.clear()
+
+    for k, item in enumerate(placed):
+        if item.source is not None:
+            if current and item.device != current[0].device and last_reader[item.node.input[0]] != k:
+                waiting.append([item])
+            else:
+                close()
+                groups.append([item])
+            continue
+        if current and item.device != current[0].device:
+            close()
+        current.append(item)
+    close()
+    return groups
+
+
+class _Planner:
+    """Builds the steps of a plan from the grouped nodes: where each value lives, what each step reads and drops."""
+
+    def __init__(self, model: onnx.ModelProto, devices: tuple[Device, ...], infos: dict[str, TensorInfo]):
+        self.model = model
+        self.devices = devices
+        self.infos = infos
+        self.initializers = {init.name: init for init in model.graph.initializer}
+        self.graph_outputs = [output.name for output in model.graph.output]
+        self.home: dict[str, int] = {value.name: HOST for value in model.graph.input if value.name not in
+                                     self.initializers}  # tensor -> the device its (first) value is on
+        self.held: set[Key] = set()  # values held to the end: graph inputs and prelude outputs where uploaded
+        self.read_anywhere = {name for node in model.graph.node for name in node.input}
+        prelude = [n for n in model.graph.node if _meta(n, "step") == str(PRELUDE_STEP)]
+        self.resident = set(self.home) | {out for node in prelude for out in node.output if out}
+
+    def build(self, groups: list[list[_Placed]]) -> Plan:
+        reads = [self._reads(group) for group in groups]
+        last_read: dict[str, int] = {}
+        for k, names in enumerate(reads):
+            last_read.update(dict.fromkeys(names, k))
+        steps: list[Step] = []
+        for k, group in enumerate(groups):
+            if group[0].source is not None:
+                steps.append(self._handoff(group[0]))
+            else:
+                later = {name for name, step in last_read.items() if step > k} | set(self.graph_outputs)
+                steps.append(self._segment(group, reads[k], later))
+        drops = self._drops(steps, last_read)
+        outputs = tuple((name, self.home[name]) for name in self.graph_outputs)
+        return Plan(self.devices, tuple(steps), drops, outputs, tuple(self.graph_outputs), self._peaks(steps, drops))
+
+    def _reads(self, group: list[_Placed]) -> list[str]:
+        """The tensors a group reads from outside itself (not parameters), in first-use order."""
+        produced = {out for item in group for out in item.node.output}
+        return list(dict.fromkeys(
+            name for item in group for name in item.node.input
+            if name and name not in produced and name not in self.initializers
+        ))
+
+    def _handoff(self, item: _Placed) -> Handoff:
+        node, source = item.node, item.source
+        assert source is not None
+        if self.home.get(node.input[0]) != source:
+            raise ModelError(f"copy node {node.name!r} reads {node.input[0]!r}, which is not on its source device")
+        self.home[node.output[0]] = item.device
+        return Handoff(node.name, node.input[0], node.output[0], source, item.device)
+
+    def _segment(self, group: list[_Placed], reads: list[str], later: set[str]) -> Segment:
+        """The group's nodes as a model; its inputs checked to be on its device or moved there if held everywhere."""
+        device = group[0].device
+        uploads = []
+        for name in reads:
+            if self.home.get(name) == device or (name, device) in self.held:
+                continue
+            if name not in self.resident or name not in self.home:
+                where = self.home.get(name)
+                place = "nowhere" if where is None else "on " + ("the host" if where == HOST else
+                                                                   self.devices[where].name)
+                raise ModelError(
+                    f"node reading {name!r} on {self.devices[device].name} finds it {place}: "
+                    "a tensor crossing devices needs a copy node"
+                )
+            uploads.append((name, self.home[name]))
+            self.held.add((name, device))
+        nodes = [item.node for item in group]
+        outputs = [
+            out for node in nodes for out in node.output
+            if out and (out in later or out not in self.read_anywhere)
+        ]
+        for node in nodes:
+            for out in node.output:
+                if out:
+                    self.home[out] = device
+        model = self._submodel(nodes, reads, outputs, device)
+        threads = self.devices[device].threads or 1
+        return Segment(device, model, tuple(reads), tuple(outputs), tuple(uploads),
+                       predicted_activation_peak(model, threads))
+
+    def _submodel(
+        self, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], device: int
+    ) -> onnx.ModelProto:
+        """A standalone model of `nodes`: the parameters they read as initializers."""
+        used = {name for node in nodes for name in node.input if name in self.initializers}
+        graph = helper.make_graph(
+            nodes, f"{self.model.graph.name or 'model'} on {self.devices[device].name}",
+            [self._value_info(name) for name in inputs], [self._value_info(name) for name in outputs],
+            [self.initializers[name] for name in sorted(used)],
+        )
+        model = helper.make_model(
+            graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version,
+            functions=self.model.functions,
+        )
+        model.configuration.extend(self.model.configuration)
+        return model
+
+    def _value_info(self, name: str) -> onnx.ValueInfoProto:
+        if name not in self.infos:
+            raise ModelError(f"tensor {name!r} has no concrete shape: fix the model's input shapes")
+        info = self.infos[name]
+        return helper.make_tensor_value_info(name, info.elem_type, info.shape)
+
+    def _drops(self, steps: list[Step], last_read: dict[str, int]) -> tuple[tuple[Key, ...], ...]:
+        """After each step, the values no later step reads (never graph outputs or values held to the end)."""
+        drops: list[list[Key]] = [[] for _ in steps]
+        keep = set(self.graph_outputs) | self.resident
+        for k, step in enumerate(steps):
+            written = (
+                [(name, step.device) for name in step.outputs] if isinstance(step, Segment)
+                else [(step.target_name, step.target)]
+            )
+            for key in written:
+                if key[0] not in keep:
+                    drops[max(k, last_read.get(key[0], k))].append(key)
+        return tuple(tuple(keys) for keys in drops)
+
+    def _peaks(self, steps: list[Step], drops: tuple[tuple[Key, ...], ...]) -> tuple[int, ...]:
+        """Each device's predicted peak bytes over the steps (see the module docstring)."""
+        parameters = [0] * len(self.devices)
+        for device in range(len(self.devices)):
+            used = {name for step in steps if isinstance(step, Segment) and step.device == device
+                    for node in step.model.graph.node for name in node.input if name in self.initializers}
+            parameters[device] = sum(self.infos[name].nbytes for name in used)
+        held: list[dict[str, int]] = [{} for _ in self.devices]
+        peaks = list(parameters)
+        for step, dropped in zip(steps, drops, strict=True):
+            if isinstance(step, Segment):
+                here = held[step.device]
+                here.update((name, self.infos[name].nbytes) for name, _ in step.uploads)
+                running = parameters[step.device] + sum(here.values()) + step.activation_bytes
+                peaks[step.device] = max(peaks[step.device], running)
+                here.update((name, self.infos[name].nbytes) for name in step.outputs)
+            else:
+                here = held[step.target]
+                here[step.target_name] = self.infos[step.target_name].nbytes
+                peaks[step.target] = max(peaks[step.target], parameters[step.target] + sum(here.values()))
+            for name, device in dropped:
+                del held[device][name]
+        return tuple(peaks)
+
+
+def _meta(node: onnx.NodeProto, key: str) -> str | None:
+    return next((p.value for p in node.metadata_props if p.key == PREFIX + key), None)

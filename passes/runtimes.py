@@ -1,0 +1,142 @@
+"""One device's runtime: compile an ONNX model on it, run it on values resident there, move values to and from host.
+
+onnxruntime: a session per model with the device's execution provider and thread count, in file order and with
+no graph rewriting (`execute.session_options`), run through an IO binding so inputs and outputs stay on the device.
+OpenVINO: `core.compile_model` on the device (f32 instead of its bf16 default, latency hint, the device's
+INFERENCE_NUM_THREADS). A model is compiled on one device as a whole, so no OpenVINO `affinity` (a HETERO
+setting) is needed. Used to profile operators (cost_profiled) and to run multi-device models (run_devices).
+
+`layer_assignment_settings` gives the onnxruntime session option that pins the nodes of a rewritten model to
+devices by their `layer_ann` metadata, for running it in a single onnxruntime session with several providers.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import openvino as ov
+
+from onnx_remat.devices import Device
+from onnx_remat.passes.execute import session_options
+
+Values = dict[str, Any]
+"""Tensor name -> a value resident on one device (an OrtValue or an ov.Tensor)."""
+
+_ORT_MEMORY = {"CUDAExecutionProvider": "cuda"}
+# onnxruntime's device designators in `session.layer_assignment_settings`, per execution provider.
+_ORT_DESIGNATORS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml"}
+
+
+class Runtime(abc.ABC):
+    """How one device runs a model with resident inputs, and moves tensors to and from host memory."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    @abc.abstractmethod
+    def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
+        """`model` compiled on the device: a call from its input values to fresh output values, all resident."""
+
+    @abc.abstractmethod
+    def from_host(self, array: np.ndarray) -> Any:
+        """`array` as a value resident on the device."""
+
+    @abc.abstractmethod
+    def to_host(self, value: Any) -> np.ndarray:
+        """A device value as a numpy array the device may not overwrite."""
+
+    def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+        """A call that runs `model` once on the device, its inputs already there (for timing)."""
+        run = self.compile(model)
+        values = {name: self.from_host(array) for name, array in feeds.items()}
+        return lambda: run(values)
+
+
+class OnnxRuntime(Runtime):
+    """An onnxruntime session per model, run through an IO binding so nothing is copied per run."""
+
+    @property
+    def memory(self) -> str:
+        return _ORT_MEMORY.get(self.device.provider, "cpu")
+
+    def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
+        session = ort.InferenceSession(
+            model.SerializeToString(), session_options(threads=self.device.threads),
+            providers=[self.device.provider], disabled_optimizers=["CommonSubexpressionElimination"],
+        )
+        binding = session.io_binding()
+        names = [output.name for output in session.get_outputs()]
+
+        def run(values: Values) -> Values:
+            for name, value in values.items():
+                binding.bind_ortvalue_input(name, value)
+            for name in names:  # bound anew every call: a bound output is otherwise overwritten by the next run
+                binding.bind_output(name, self.memory)
+            session.run_with_iobinding(binding)
+            return dict(zip(names, binding.get_outputs(), strict=True))
+
+        return run
+
+    def from_host(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(array, self.memory, 0)
+
+    def to_host(self, value: ort.OrtValue) -> np.ndarray:
+        return np.array(value.numpy())  # numpy() is a view that does not keep a host-backed value alive
+
+
+class OpenVino(Runtime):
+    """An OpenVINO compiled model and infer request per model (f32, latency hint, the device's thread limit).
+
+    An output value is the request's own tensor: valid until the same model runs again."""
+
+    def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+        if self.device.threads:
+            config["INFERENCE_NUM_THREADS"] = self.device.threads
+        core = _openvino_core()
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
+        request = compiled.create_infer_request()
+        names = [output.name for output in model.graph.output]
+
+        def run(values: Values) -> Values:
+            for name, value in values.items():
+                request.set_tensor(name, value)
+            request.infer()
+            return {name: request.get_tensor(name) for name in names}
+
+        return run
+
+    def from_host(self, array: np.ndarray) -> ov.Tensor:
+        # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
+        return ov.Tensor(np.ascontiguousarray(array).view(np.dtype(array.dtype.str)))
+
+    def to_host(self, value: ov.Tensor) -> np.ndarray:
+        return np.array(value.data)
+
+
+@functools.cache
+def _openvino_core() -> ov.Core:
+    return ov.Core()
+
+
+def runtime_for(device: Device) -> Runtime:
+    """The runtime that runs `device`."""
+    return OnnxRuntime(device) if device.runtime == "onnxruntime" else OpenVino(device)
+
+
+def layer_assignment_settings(devices: Sequence[Device]) -> str:
+    """onnxruntime's `session.layer_assignment_settings` value that sends the nodes tagged `layer_ann=<name>`
+    to each onnxruntime device's provider, e.g. `cpu(=cpu); cuda(=gpu)` (the `=` asks for an exact match).
+
+    onnxruntime (1.32 here) treats it as a preference: a node whose provider lacks a kernel falls back."""
+    rules = [
+        f"{_ORT_DESIGNATORS[d.provider]}(={d.name})"
+        for d in devices if d.runtime == "onnxruntime" and d.provider in _ORT_DESIGNATORS
+    ]
+    return "; ".join(rules)

@@ -1,0 +1,182 @@
+"""Executing rewritten models on two real engines (onnxruntime CPU + OpenVINO CPU): same numbers, within budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import conv_chain, skip_net
+
+import onnx_remat
+from onnx_remat.budget import Budget
+from onnx_remat.cli import main
+from onnx_remat.devices import get_devices
+from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.opmap import OpMap
+from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.run_devices import Handoff, Segment, build_plan
+from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve.baselines import on_device
+from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.pipeline import costed_problem, prepare, with_budgets
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy, Schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO_ENGINES = str(ROOT / "devices" / "ort-cpu+ov-cpu.toml")
+FIXTURE = ROOT / "models" / "fixtures" / "resnet18_small.onnx"
+TOLERANCE = 1e-4  # OpenVINO against onnxruntime in f32, relative to the largest magnitude (as in the autodiff tests)
+
+
+def alternating(problem: Problem, block: int) -> Schedule:
+    """Keep-all, with operators placed on the two devices in turns of `block`, every input copied where needed."""
+    held: list[set[int]] = [set(), set()]
+    events: list[Compute | Copy] = []
+    for op in range(problem.num_ops):
+        device = (op // block) % 2
+        for p in problem.predecessors[op]:
+            if p not in held[device]:
+                events.append(Copy(p, op, 1 - device, device))
+                held[device].add(p)
+        events.append(Compute(op, op, device))
+        held[device].add(op)
+    return Schedule(tuple(events))
+
+
+def assert_same_outputs(got: dict[str, np.ndarray], model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """`got` equals onnxruntime's outputs of `model` within TOLERANCE, relative to each output's largest value."""
+    want = dict(zip([o.name for o in model.graph.output], run(model, feeds), strict=True))
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        error = float(np.abs(got[name] - value).max()) / max(float(np.abs(value).max()), 1e-12)
+        assert error < TOLERANCE, f"{name} differs by {error:.2e}"
+
+
+@pytest.mark.parametrize(("mode", "block"), [("infer", 3), ("train", 5)])
+def test_alternating_placement_runs_with_the_original_numbers(mode, block):
+    prepared = prepare(FIXTURE, mode)
+    graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    schedule = alternating(graph.problem, block)
+    simulate(graph.problem, schedule)
+    model = rewrite(prepared.inferred, graph.opmap, schedule, graph.problem.devices)
+    feeds = random_feeds(prepared.model, seed=0)
+    result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=2)
+    assert_same_outputs(result.outputs, prepared.model, feeds)
+    assert result.copies > 10 and min(result.segments.values()) > 5
+    assert result.seconds > 0 and all(seconds > 0 for seconds in result.device_seconds.values())
+    assert result.seconds >= sum(result.device_seconds.values())
+    assert all(peak > 0 for peak in result.peak_bytes.values())
+    assert result.budgets == {"ort-cpu": None, "ov-cpu": None} and result.within_budgets
+
+
+def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
+    """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: the decoder segment
+    ends at every copy into ov-cpu, and a copy waits for nothing (each is its input's last reader)."""
+    original = skip_net()
+    ops = tuple((node.name,) for node in original.graph.node)
+    c = Compute
+    schedule = Schedule((
+        c(0, 0), c(1, 1), c(2, 2), c(3, 3), Copy(3, 3, 0, 1), c(4, 4, 1), c(5, 5, 1), Copy(2, 5, 0, 1),
+        c(6, 6, 1), c(7, 7, 1), Copy(1, 7, 0, 1), c(8, 8, 1), c(9, 9, 1), Copy(0, 9, 0, 1), c(10, 10, 1), c(11, 11, 1),
+    ))  # fmt: skip
+    model = rewrite(original, OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
+    plan = build_plan(model, get_devices(TWO_ENGINES))
+    kinds = [f"{'S' if isinstance(s, Segment) else 'H'}{s.device if isinstance(s, Segment) else s.target}"
+             for s in plan.steps]
+    assert kinds == ["S0", "H1", "S1", "H1", "S1", "H1", "S1", "H1", "S1"]
+    assert [s.node for s in plan.steps if isinstance(s, Handoff)] == [f"e{k}__copy_ort-cpu_to_ov-cpu" for k in
+                                                                     (3, 2, 1, 0)]
+    feeds = random_feeds(original, seed=0)
+    assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
+
+
+def test_only_a_mixed_schedule_fits_and_its_peaks_stay_within_the_budgets():
+    """A training chain: each device's budget below what it needs alone; the solver's mixed schedule runs on
+    both engines with the original numbers and every device's peak within its budget."""
+    devices = get_devices(TWO_ENGINES)
+    prepared = prepare(conv_chain(depth=3), "train")
+    graph, _ = costed_problem(prepared, devices, "analytic")
+    problem = graph.problem
+    alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
+    first = Budget(absolute_bytes=int(0.98 * alone[0]))
+    _, minima = with_budgets(problem, {"ort-cpu": first, "ov-cpu": Budget(minimum=True)})
+    assert minima[1] < alone[1]
+    second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
+    mixed, _ = with_budgets(problem, {"ort-cpu": first, "ov-cpu": second})
+    assert all(budget < need for budget, need in zip(mixed.budgets, alone, strict=True))
+    schedule = solve(mixed, time_limit=30).schedule
+    check_schedule(mixed, schedule)
+    assert any(isinstance(event, Copy) for event in schedule.events)
+    model = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)
+    tag_budgets(model, dict(zip(mixed.devices, mixed.budgets, strict=True)))
+    feeds = random_feeds(prepared.model, seed=0)
+    result = onnx_remat.run_on_devices(model, devices, feeds, repeats=2)
+    assert_same_outputs(result.outputs, prepared.model, feeds)
+    assert result.budgets == dict(zip(mixed.devices, mixed.budgets, strict=True))
+    assert result.within_budgets, f"peaks {result.peak_bytes} over budgets {result.budgets}"
+
+
+@pytest.fixture(scope="module")
+def two_device_path(tmp_path_factory) -> Path:
+    """skip_net rewritten by the pipeline for the two engines (analytic costs), saved."""
+    path = tmp_path_factory.mktemp("run") / "skip.remat.onnx"
+    onnx_remat.remat(skip_net(), "80%", devices=TWO_ENGINES, cost_model="analytic").save(path)
+    return path
+
+
+def test_the_run_compares_with_the_budgets_the_model_was_rewritten_for(two_device_path):
+    result = onnx_remat.run_on_devices(two_device_path, TWO_ENGINES, repeats=1)
+    assert all(budget is not None for budget in result.budgets.values()) and result.within_budgets
+    tight = onnx_remat.run_on_devices(two_device_path, TWO_ENGINES, budget="ort-cpu=1KiB", repeats=1)
+    assert tight.budgets["ort-cpu"] == 1024 and not tight.within_budgets
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"devices": "cpu"}, UsageError, "places node 'enc0' on device 'ort-cpu', which the devices lack"),
+        ({"budget": "50%"}, UsageError, "not in bytes"),
+        ({"feeds": {"x": np.zeros(1)}}, UsageError, "no value for input 'input'"),
+        ({"repeats": 0}, UsageError, "at least 1"),
+    ],
+)
+def test_api_errors(two_device_path, kwargs, error, message):
+    arguments = {"devices": TWO_ENGINES, **kwargs}
+    with pytest.raises(error, match=message):
+        onnx_remat.run_on_devices(two_device_path, **arguments)
+
+
+def test_a_model_without_device_tags_is_refused():
+    with pytest.raises(ModelError, match="no onnx_remat.device tag"):
+        onnx_remat.run_on_devices(conv_chain(), TWO_ENGINES)
+
+
+def test_cli_run(two_device_path, tmp_path, capsys):
+    feeds = random_feeds(skip_net(), seed=3)
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = tmp_path / "out.npz"
+    code = main(["run", str(two_device_path), "--devices", TWO_ENGINES, "--repeats", "2", "--check",
+                 "--inputs", str(tmp_path / "in.npz"), "--outputs", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "per run (median of 2)" in err and "ort-cpu:" in err and "within" in err
+    assert "largest difference to the whole model in onnxruntime: 0" in err
+    with np.load(out) as data:
+        assert_same_outputs({name: data[name] for name in data.files}, skip_net(), feeds)
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "pattern"),
+    [
+        (["--devices", "cpu"], 2, "which the devices lack (cpu)"),
+        (["--devices", TWO_ENGINES, "--inputs", "missing.npz"], 2, "--inputs missing.npz does not exist"),
+    ],
+)
+def test_cli_run_errors(two_device_path, capsys, extra, code, pattern):
+    assert main(["run", str(two_device_path), *extra]) == code
+    err = capsys.readouterr().err
+    assert pattern in err and len(err.strip().splitlines()) == 1

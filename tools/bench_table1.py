@@ -1,0 +1,247 @@
+"""The XEngine paper's Table 1 shape on this machine: best single-device schedule against the mixed schedule.
+
+Two devices from a device file (default `devices/ort-cpu+ov-cpu.toml`: onnxruntime CPU and OpenVINO CPU, one
+thread each, the paper's CPU+GPU pair), measured costs (profiled and cached). Per network and mode, at 100% of
+keep-all on every device and at a tight budget (each device at `--tight` times its single-device minimum, at
+most keep-all): the predicted time of the solver's schedule on each device alone, of the mixed schedule and its
+difference in percent against the best single device, and the measured time (median of `--repeats` runs) of the
+single-device schedules and of the mixed one, each rewritten and executed on its devices' runtimes with their
+thread limits (`onnx_remat.run_on_devices`: per-device segments, tensors handed across at the copy nodes), with
+the mixed execution's predicted per-device peaks against the budgets. The last row is a case where only a mixed
+schedule fits: each budget below its device's single-device minimum.
+
+    python tools/bench_table1.py                                   # VGG16, ResNet18, UNet, ~10 minutes
+    python tools/bench_table1.py --networks unet --batch 1 --resolution 32 --time-limit 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+from onnx_remat.budget import Budget, format_bytes
+from onnx_remat.devices import Device, get_devices
+from onnx_remat.errors import RematError
+from onnx_remat.models import build
+from onnx_remat.opmap import OpMap
+from onnx_remat.passes.execute import random_feeds
+from onnx_remat.passes.rewrite import rewrite
+from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
+from onnx_remat.passes.solve import SolveResult, solve
+from onnx_remat.passes.solve.baselines import on_device
+from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.pipeline import PreparedModel, costed_problem, prepare, with_budgets
+from onnx_remat.problem import Problem
+from onnx_remat.schedule import Compute, Copy
+
+DEFAULT_DEVICES = "devices/ort-cpu+ov-cpu.toml"
+NETWORKS = ("vgg16", "resnet18", "unet")
+MODES = ("infer", "train")
+
+
+@dataclass(frozen=True)
+class Single:
+    """One device alone: predicted seconds of the solver's schedule and its measured seconds (None: does not fit)."""
+
+    predicted: float | None
+    measured: float | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a network, mode and budget; each device alone and the mixed schedule."""
+
+    case: str
+    budgets: tuple[int, ...]
+    keep_all: tuple[int, ...]
+    singles: tuple[Single, ...]
+    mixed: SolveResult
+    mixed_run: DeviceRun
+    devices_used: int
+    copies: int
+
+
+def solve_case(
+    prepared: PreparedModel,
+    problem: Problem,
+    opmap: OpMap,
+    devices: tuple[Device, ...],
+    case: str,
+    time_limit: float,
+    repeats: int,
+) -> Row:
+    """Solve `problem` (budgets set) on each device alone and on all; execute and time every schedule."""
+    singles = []
+    for d, device in enumerate(devices):
+        alone = on_device(problem, d)
+        try:
+            result = solve(alone, time_limit=time_limit)
+        except RematError:
+            singles.append(Single(None, None))
+            continue
+        model = rewrite(prepared.inferred, opmap, result.schedule, alone.devices)
+        singles.append(Single(result.objective, measure(model, (device,), repeats, problem.budgets[d:d + 1]).seconds))
+    mixed = solve(problem, time_limit=time_limit)
+    used = {event.device for event in mixed.schedule.events if isinstance(event, Compute)}
+    copies = sum(isinstance(event, Copy) for event in mixed.schedule.events)
+    model = rewrite(prepared.inferred, opmap, mixed.schedule, problem.devices)
+    mixed_run = measure(model, devices, repeats, problem.budgets)
+    keep = tuple(problem.keep_all_bytes(d) for d in range(problem.num_devices))
+    return Row(case, problem.budgets, keep, tuple(singles), mixed, mixed_run, len(used), copies)
+
+
+def measure(model: onnx.ModelProto, devices: tuple[Device, ...], repeats: int, budgets: tuple[int, ...]) -> DeviceRun:
+    """`model` executed on `devices` (each device's segments on its runtime with its thread limit): median seconds
+    of `repeats` runs and predicted per-device peaks against `budgets`."""
+    named = {device.name: budget for device, budget in zip(devices, budgets, strict=True)}
+    return execute(build_plan(model, devices), random_feeds(model, seed=0), repeats, named)
+
+
+def single_minima(problem: Problem) -> list[int]:
+    """Each device's minimum budget when it runs everything alone."""
+    return [minimum_budget(on_device(problem, d)).feasible for d in range(problem.num_devices)]
+
+
+def budgets(problem: Problem, values: list[int]) -> Problem:
+    """`problem` with these budgets in bytes, checked against each device's minimum (with the others' budgets)."""
+    named = {name: Budget(absolute_bytes=value) for name, value in zip(problem.devices, values, strict=True)}
+    return with_budgets(problem, named)[0]
+
+
+def mixed_only_budgets(problem: Problem, alone: list[int], below: float) -> list[int] | None:
+    """Budgets each below its device's single-device minimum that a mixed schedule fits, or None: the first device
+    at `below` times its minimum, the second halfway between its minimum then and its single-device minimum."""
+    first = int(below * alone[0])
+    try:
+        _, minima = with_budgets(
+            problem, {problem.devices[0]: Budget(absolute_bytes=first), problem.devices[1]: Budget(minimum=True)}
+        )
+    except RematError:
+        return None
+    if minima[1] >= alone[1]:
+        return None
+    return [first, (minima[1] + alone[1]) // 2]
+
+
+def ms(seconds: float | None) -> str:
+    return "does not fit" if seconds is None else f"{1e3 * seconds:.3f}"
+
+
+def percent(value: float, best: float | None) -> str:
+    """`value` against `best` in percent, or - without a best."""
+    return "-" if best is None else f"{100 * (value / best - 1):+.1f}%"
+
+
+def add_row(table: Table, row: Row) -> None:
+    """One table line: budgets, each device alone (predicted / measured), mixed predicted and measured with their
+    differences to the best single device, whether the mixed run's peaks fit, placement, solver."""
+    best = min((s.predicted for s in row.singles if s.predicted is not None), default=None)
+    best_measured = min((s.measured for s in row.singles if s.measured is not None), default=None)
+    budget = ", ".join(
+        f"{format_bytes(b)} ({100 * b / k:.0f}%)" for b, k in zip(row.budgets, row.keep_all, strict=True)
+    )
+    cells = [row.case, budget]
+    for single in row.singles:
+        cells.append(f"{ms(single.predicted)} / {ms(single.measured)}" if single.predicted else ms(None))
+    placement = f"{row.devices_used} device{'s' * (row.devices_used > 1)}, {row.copies} copies"
+    cells += [
+        ms(row.mixed.objective),
+        percent(row.mixed.objective, best),
+        ms(row.mixed_run.seconds),
+        percent(row.mixed_run.seconds, best_measured),
+        "within" if row.mixed_run.within_budgets else "OVER",
+        placement,
+        f"{row.mixed.status} {100 * row.mixed.gap:.1f}%",
+    ]
+    table.add_row(*cells)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", default=DEFAULT_DEVICES, help=f"device file or preset (default {DEFAULT_DEVICES})")
+    parser.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=NETWORKS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    parser.add_argument("--resolution", type=int, default=32, help="input height and width (default 32)")
+    parser.add_argument("--tight", type=float, default=1.1, help="tight budget: x single-device minimum (1.1)")
+    parser.add_argument("--mixed-only", default="unet", choices=NETWORKS, help="network of the mixed-only case")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per solve (default 30)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs per measurement, median (default 20)")
+    args = parser.parse_args()
+    devices = get_devices(args.devices)
+    if len(devices) != 2:
+        parser.error("the table compares two devices: give a device file with two")
+    console = Console(width=200)
+    names = [d.name for d in devices]
+    table = Table(
+        title=f"Table 1 shape: {' + '.join(names)}, batch {args.batch}, {args.resolution}x{args.resolution}; "
+        f"times in ms, predicted / measured (median of {args.repeats})"
+    )
+    for column in (
+        "case",
+        "budget per device",
+        *(f"{n} alone" for n in names),
+        "mixed pred.",
+        "diff",
+        "mixed meas.",
+        "meas. diff",
+        "peaks",
+        "mixed placement",
+        "solver",
+    ):
+        table.add_column(
+            column,
+            justify="left" if column in ("case", "budget per device", "peaks", "mixed placement", "solver")
+            else "right",
+        )
+    for network in args.networks:
+        for mode in args.modes:
+            started = time.perf_counter()
+            prepared = prepare(build(network, batch=args.batch, resolution=args.resolution), mode)
+            graph, _ = costed_problem(prepared, devices, "profiled")
+            problem = graph.problem
+            alone = single_minima(problem)
+            cases = [
+                ("100%", [problem.keep_all_bytes(d) for d in range(2)]),
+                (
+                    f"{args.tight:g} x min",
+                    [min(int(args.tight * m), problem.keep_all_bytes(d)) for d, m in enumerate(alone)],
+                ),
+            ]
+            for label, values in cases:
+                row = solve_case(
+                    prepared,
+                    budgets(problem, values),
+                    graph.opmap,
+                    devices,
+                    f"{network} {mode} T={problem.num_ops} {label}",
+                    args.time_limit,
+                    args.repeats,
+                )
+                add_row(table, row)
+            if network == args.mixed_only and mode == "train":
+                values = mixed_only_budgets(problem, alone, 0.97)
+                if values is None:
+                    console.print(f"{network} {mode}: no budgets found where only a mixed schedule fits")
+                else:
+                    row = solve_case(
+                        prepared,
+                        budgets(problem, values),
+                        graph.opmap,
+                        devices,
+                        f"{network} {mode} T={problem.num_ops} mixed only",
+                        args.time_limit,
+                        args.repeats,
+                    )
+                    add_row(table, row)
+            console.print(f"done: {network} {mode} in {time.perf_counter() - started:.0f} s", highlight=False)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,7 @@ from onnx_remat.files import write_atomically
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
+from onnx_remat.sweep import Sweep
 
 _FORMATS = {".png": "png", ".svg": "svg"}
 _MIB = 2**20
@@ -73,15 +74,42 @@ def _draw_matrix(ax: Axes, image: np.ndarray, cmap: ListedColormap, title: str, 
             line(forward_count - 0.5, color="tab:green", linestyle="--", linewidth=1)
 
 
-def _memory_traces(problem: Problem, schedule: Schedule) -> list[np.ndarray]:
+def memory_traces(problem: Problem, schedule: Schedule) -> list[np.ndarray]:
     """Per device, MiB held before the first event and after each event (from the simulator)."""
     traces = simulate(problem, schedule).memory_trace
     return [np.array((resident, *trace)) / _MIB for resident, trace in zip(problem.resident_bytes, traces, strict=True)]
 
 
-def _draw_memory(ax: Axes, trace: np.ndarray, budget: int, keep_all: int, color: str, split: int | None) -> None:
-    """One device's memory over the events, with budget and keep-all lines."""
-    ax.step(range(len(trace)), trace, where="post", color=color, label="schedule")
+def running_memory(problem: Problem, schedule: Schedule, traces: list[np.ndarray]) -> list[np.ndarray]:
+    """Per device and event, MiB held while that event's operator runs there (the held memory, its output and
+    its workspace; the simulator's peak), NaN where the device runs nothing: the spikes above the trace."""
+    peaks = [np.full(len(trace), np.nan) for trace in traces]
+    for index, event in enumerate(schedule.events):
+        if isinstance(event, Compute):
+            extra = problem.output_bytes[event.op] + problem.workspace_bytes[event.op]
+            peaks[event.device][index + 1] = traces[event.device][index] + extra / _MIB
+    return peaks
+
+
+def _draw_memory(
+    ax: Axes, trace: np.ndarray, running: np.ndarray, budget: int, keep_all: int, color: str, split: int | None
+) -> None:
+    """One device's memory over the events, the spikes while operators run, and budget and keep-all lines."""
+    events = np.arange(len(trace))
+    ran = ~np.isnan(running)
+    ax.vlines(
+        events[ran],
+        trace[ran],
+        running[ran],
+        color=color,
+        alpha=0.6,
+        linewidth=0.8,
+        label="while an operator runs (+ output, workspace)",
+    )
+    ax.step(events, trace, where="post", color=color, label="held after each event")
+    highest = np.fmax(running, trace)
+    top = int(np.argmax(highest))
+    ax.plot(top, highest[top], "v", color="black", label=f"peak {highest[top]:.2f} MiB")
     ax.axhline(budget / _MIB, color="black", linestyle="--", linewidth=1, label=f"budget {budget / _MIB:.1f} MiB")
     ax.axhline(keep_all / _MIB, color="tab:orange", linestyle=":", label=f"keep-all {keep_all / _MIB:.1f} MiB")
     if split is not None:
@@ -90,7 +118,7 @@ def _draw_memory(ax: Axes, trace: np.ndarray, budget: int, keep_all: int, color:
     ax.set_ylabel("memory (MiB)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
 
 
 def _backward_start(schedule: Schedule, forward_count: int | None) -> int | None:
@@ -118,28 +146,30 @@ def _build_figure(
     forward_count: int | None,
     title: str | None,
 ) -> Figure:
-    """Per device: R and S side by side, memory across both below."""
+    """One block per device, stacked: R and S side by side, that device's memory across both below."""
     devices = problem.num_devices
-    fig = Figure(figsize=(10 * devices, 9), layout="constrained")
+    fig = Figure(figsize=(12, 9 * devices), layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(2, 2 * devices, height_ratios=(2.2, 1))
+    grid = fig.add_gridspec(2 * devices, 2, height_ratios=(2.2, 1) * devices)
     compute, keep = schedule_matrices(problem, schedule)
     codes = _compute_codes(schedule, compute)
     split = _backward_start(schedule, forward_count)
-    traces = _memory_traces(problem, schedule)
+    traces = memory_traces(problem, schedule)
+    running = running_memory(problem, schedule, traces)
     memory_axes: list[Axes] = []
     for d, name in enumerate(problem.devices):
         color = _DEVICE_COLORS[d % len(_DEVICE_COLORS)]
-        r_ax, s_ax = fig.add_subplot(grid[0, 2 * d]), fig.add_subplot(grid[0, 2 * d + 1])
+        r_ax, s_ax = fig.add_subplot(grid[2 * d, 0]), fig.add_subplot(grid[2 * d, 1])
         _draw_matrix(r_ax, codes[d], _COMPUTE_COLORS, f"R{d}: computed on {name}", forward_count)
         _draw_matrix(s_ax, keep[d].astype(np.int8), _KEEP_COLORS, f"S{d}: held on {name} entering stage", forward_count)
         r_ax.legend(
             handles=[Patch(color="black", label="first"), Patch(color="tab:red", label="recompute")],
-            loc="upper right", fontsize="small",
+            loc="upper right",
+            fontsize="small",
         )
-        mem_ax = fig.add_subplot(grid[1, 2 * d : 2 * d + 2], sharey=memory_axes[0] if memory_axes else None)
+        mem_ax = fig.add_subplot(grid[2 * d + 1, :], sharey=memory_axes[0] if memory_axes else None)
         memory_axes.append(mem_ax)
-        _draw_memory(mem_ax, traces[d], problem.budgets[d], keep_all[d], color, split)
+        _draw_memory(mem_ax, traces[d], running[d], problem.budgets[d], keep_all[d], color, split)
         mem_ax.set_title(f"memory on {name}")
     if title:
         fig.suptitle(title)
@@ -155,13 +185,91 @@ def plot_schedule(
     title: str | None = None,
 ) -> None:
     """Write R/S matrices and memory per device to a .png or .svg atomically; ScheduleError if invalid."""
+    target = _checked_target(path)
+    fig = _build_figure(problem, schedule, _keep_all_per_device(problem, keep_all_bytes), forward_count, title)
+    _save(fig, target)
+
+
+def _checked_target(path: str | os.PathLike[str]) -> Path:
+    """The plot path, refused unless it ends in .png or .svg and its directory exists."""
     target = Path(path)
-    fmt = _FORMATS.get(target.suffix.lower())
-    if fmt is None:
+    if target.suffix.lower() not in _FORMATS:
         raise UsageError(f"plot path {target} must end in .png or .svg")
     if not target.parent.is_dir():
         raise OutputError(f"cannot write plot {target}: directory {target.parent} does not exist")
-    fig = _build_figure(problem, schedule, _keep_all_per_device(problem, keep_all_bytes), forward_count, title)
+    return target
+
+
+def _save(fig: Figure, target: Path) -> None:
+    """Render `fig` in the format the suffix names and write it atomically."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=120)
+    fig.savefig(buffer, format=_FORMATS[target.suffix.lower()], dpi=120)
     write_atomically(target, buffer.getvalue())
+
+
+def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
+    """Write predicted (and measured) time and peak against budget, knee and minimum marked, as .png or .svg."""
+    target = _checked_target(path)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    time_ax, peak_ax = fig.subplots(1, 2)
+    feasible = [p for p in sweep.points if p.feasible]
+    budgets = np.array([p.budget_bytes for p in feasible]) / _MIB
+    time_ax.plot(budgets, [1e3 * p.predicted_seconds for p in feasible], "o-", color="tab:blue", label="predicted")
+    if feasible and all(p.measured_seconds is not None for p in feasible):
+        time_ax.plot(budgets, [1e3 * p.measured_seconds for p in feasible], "s--", color="tab:green", label="measured")
+    if feasible:
+        time_ax.axhline(1e3 * feasible[0].keep_all_seconds, color="tab:orange", linestyle=":", label="keep-all")
+    if sweep.knee is not None:
+        knee = sweep.points[sweep.knee]
+        time_ax.plot(
+            knee.budget_bytes / _MIB,
+            1e3 * knee.predicted_seconds,
+            "*",
+            markersize=18,
+            color="tab:red",
+            label=f"knee: {knee.budget_bytes / _MIB:.2f} MiB, {100 * knee.overhead:+.1f}% "
+            f"(smallest within {100 * sweep.knee_overhead:g}%)",
+        )
+    _mark_infeasible(time_ax, sweep)
+    time_ax.set_xlabel("budget (MiB)")
+    time_ax.set_ylabel("time per run (ms)")
+    time_ax.set_ylim(bottom=0)
+    time_ax.set_title("time against budget")
+    peak_ax.plot(
+        budgets, [p.predicted_peak_bytes / _MIB for p in feasible], "o-", color="tab:blue", label="predicted peak"
+    )
+    if feasible and all(p.measured_activation_bytes is not None for p in feasible):
+        measured = [(p.measured_activation_bytes + p.resident_bytes) / _MIB for p in feasible]
+        peak_ax.plot(budgets, measured, "s--", color="tab:green", label="measured activations + resident")
+    peak_ax.plot(budgets, budgets, ":", color="black", label="budget")
+    _mark_infeasible(peak_ax, sweep)
+    peak_ax.set_xlabel("budget (MiB)")
+    peak_ax.set_ylabel("memory (MiB)")
+    peak_ax.set_ylim(bottom=0)
+    peak_ax.set_title("peak memory against budget")
+    for ax in (time_ax, peak_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.suptitle(f"{sweep.model} ({sweep.mode})")
+    _save(fig, target)
+
+
+def _mark_infeasible(ax: Axes, sweep: Sweep) -> None:
+    """Infeasible budgets as crosses on the axis and the minimum feasible budget as a vertical line."""
+    refused = [p for p in sweep.points if not p.feasible and p.budget_bytes is not None]
+    if refused:
+        ax.plot(
+            [p.budget_bytes / _MIB for p in refused],
+            [0] * len(refused),
+            "x",
+            color="tab:red",
+            markersize=10,
+            clip_on=False,
+            label="infeasible",
+        )
+    minimum = next((p.minimum_bytes for p in sweep.points if p.minimum_bytes), None)
+    if minimum:
+        ax.axvline(
+            minimum / _MIB, color="tab:red", linestyle="--", linewidth=1, label=f"minimum {minimum / _MIB:.2f} MiB"
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.image
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from onnx_remat.errors import OutputError, UsageError
-from onnx_remat.plot import plot_schedule, schedule_matrices
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.plot import memory_traces, plot_schedule, running_memory, schedule_matrices
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
@@ -28,12 +30,19 @@ def training_chain() -> tuple[Problem, Schedule]:
         budgets=(5 * MIB,),
         graph_outputs=(3,),
     )
-    schedule = Schedule((
-        Compute(0, 0),
-        Compute(1, 1), Free(0, 1),
-        Compute(2, 2), Free(1, 2),
-        Compute(0, 3), Compute(3, 3), Free(0, 3), Free(2, 3),
-    ))
+    schedule = Schedule(
+        (
+            Compute(0, 0),
+            Compute(1, 1),
+            Free(0, 1),
+            Compute(2, 2),
+            Free(1, 2),
+            Compute(0, 3),
+            Compute(3, 3),
+            Free(0, 3),
+            Free(2, 3),
+        )
+    )
     return problem, schedule
 
 
@@ -50,11 +59,18 @@ def two_devices() -> tuple[Problem, Schedule]:
         devices=("cpu", "gpu"),
         copy_seconds_per_byte=((0.0, 1e-9), (1e-9, 0.0)),
     )
-    schedule = Schedule((
-        Compute(0, 0, device=0),
-        Copy(0, 1, source=0, target=1), Free(0, 1, device=0), Compute(1, 1, device=1), Free(0, 1, device=1),
-        Compute(2, 2, device=1), Free(1, 2, device=1), Copy(2, 2, source=1, target=0),
-    ))
+    schedule = Schedule(
+        (
+            Compute(0, 0, device=0),
+            Copy(0, 1, source=0, target=1),
+            Free(0, 1, device=0),
+            Compute(1, 1, device=1),
+            Free(0, 1, device=1),
+            Compute(2, 2, device=1),
+            Free(1, 2, device=1),
+            Copy(2, 2, source=1, target=0),
+        )
+    )
     return problem, schedule
 
 
@@ -139,3 +155,23 @@ def test_keep_all_per_device_must_match_device_count(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="keep_all_bytes"):
         plot_schedule(problem, schedule, tmp_path / "schedule.png", keep_all_bytes=(MIB,))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_running_memory_reaches_the_simulated_peak_with_workspace() -> None:
+    """The memory panel's spikes (output and workspace while an operator runs) reach the simulator's peak,
+    which the held-after-each-event trace alone does not."""
+    problem, schedule = training_chain()
+    problem = replace(problem, workspace_bytes=(0, 3 * MIB, 0, 0), budgets=(9 * MIB,))
+    traces = memory_traces(problem, schedule)
+    running = running_memory(problem, schedule, traces)
+    peak = simulate(problem, schedule).peak_bytes[0] / MIB
+    assert np.nanmax(running[0]) == pytest.approx(peak)
+    assert traces[0].max() < peak
+
+
+def test_multi_device_png_stacks_one_block_per_device(tmp_path: Path) -> None:
+    problem, schedule = two_devices()
+    one, two = tmp_path / "one.png", tmp_path / "two.png"
+    plot_schedule(*training_chain(), one)
+    plot_schedule(problem, schedule, two)
+    assert matplotlib.image.imread(two).shape[0] > 1.8 * matplotlib.image.imread(one).shape[0]

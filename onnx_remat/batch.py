@@ -1,0 +1,171 @@
+"""The largest batch size whose rematerialized model fits a memory budget.
+
+Varies every graph input whose first dimension is symbolic, together (an input and its label share the
+batch). Doubles the batch from the start until a batch does not fit, then bisects between the last batch
+that fits and the first that does not. A batch fits when `remat` finds a schedule within the budget;
+it does not when the budget is below that batch's minimum feasible budget, or the solver finds no
+schedule within its time limit (reported as such: a longer limit may fit it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from onnx_remat.errors import InfeasibleBudgetError, ModelError, SolverError
+from onnx_remat.passes.load import load_model
+from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, RematResult, TrainingOptions, remat
+
+DEFAULT_MAX_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One batch size tried: whether it fits, and why not (minimum budget or solver) or how (peak, time)."""
+
+    batch: int
+    fits: bool
+    minimum_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    predicted_seconds: float | None = None
+    recomputations: int | None = None
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class MaxBatch:
+    """The trials in the order tried and the largest batch that fits with its result (None if none fits)."""
+
+    trials: tuple[BatchTrial, ...]
+    batch: int | None
+    result: RematResult | None
+
+
+def batch_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs whose first dimension is symbolic (the batch), in graph order."""
+    initializers = {init.name for init in model.graph.initializer}
+    names = []
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in initializers and dims and not dims[0].HasField("dim_value"):
+            names.append(value.name)
+    return names
+
+
+def shapes_for(
+    model: onnx.ModelProto, varied: list[str], given: dict[str, tuple[int, ...]], batch: int
+) -> dict[str, tuple[int, ...]]:
+    """Input shapes at `batch`: the given shapes with their first dimension replaced, other varied inputs
+    with their fixed dimensions (a symbolic one other than the first needs --input-shape)."""
+    shapes = dict(given)
+    for value in model.graph.input:
+        if value.name not in varied:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if value.name in given:
+            shapes[value.name] = (batch, *given[value.name][1:])
+            continue
+        rest = list(dims[1:])
+        if any(not d.HasField("dim_value") for d in rest):
+            example = "x".join(["1"] + [str(d.dim_value or 1) for d in rest])
+            raise ModelError(
+                f"input {value.name!r} has symbolic dimensions besides the batch: fix them with "
+                f"--input-shape {value.name}={example} (its first dimension is the batch to start from)"
+            )
+        shapes[value.name] = (batch, *(d.dim_value for d in rest))
+    return shapes
+
+
+def max_batch(
+    model: str | Path | onnx.ModelProto,
+    budget_bytes: int,
+    *,
+    mode: str = "infer",
+    training: TrainingOptions | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    solver: str = "highs",
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+    limit: int = DEFAULT_MAX_BATCH,
+    on_trial: Callable[[BatchTrial], None] | None = None,
+) -> MaxBatch:
+    """The largest batch up to `limit` that fits `budget_bytes`, by doubling then bisection."""
+    model = load_model(model)
+    varied = batch_inputs(model)
+    if not varied:
+        raise ModelError(
+            "no graph input has a symbolic first (batch) dimension, so there is no batch to vary: export the "
+            "model with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'input': {0: 'batch'}}))"
+        )
+    given = input_shapes or {}
+    start = min((given[name][0] for name in varied if name in given), default=1)
+    trials: list[BatchTrial] = []
+    best: RematResult | None = None  # the result of the largest batch that fits so far
+
+    def fits(batch: int) -> bool:
+        nonlocal best
+        shapes = shapes_for(model, varied, given, batch)
+        trial, result = _try(model, budget_bytes, batch, shapes, mode, training, solver, time_limit)
+        trials.append(trial)
+        if result is not None and all(batch > t.batch for t in trials[:-1] if t.fits):
+            best = result
+        if on_trial is not None:
+            on_trial(trial)
+        return trial.fits
+
+    low, high = 0, None
+    batch = start
+    while batch <= limit:
+        if not fits(batch):
+            high = batch
+            break
+        low, batch = batch, batch * 2
+    if high is None:
+        high = limit + 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return MaxBatch(tuple(trials), low or None, best)
+
+
+def _try(
+    model: onnx.ModelProto,
+    budget_bytes: int,
+    batch: int,
+    shapes: dict[str, tuple[int, ...]],
+    mode: str,
+    training: TrainingOptions | None,
+    solver: str,
+    time_limit: float | None,
+) -> tuple[BatchTrial, RematResult | None]:
+    """Solve at `batch`: the trial, and the result if it fits."""
+    try:
+        result = remat(
+            model,
+            budget_bytes,
+            mode=mode,
+            training=training,
+            input_shapes=shapes,
+            solver=solver,
+            time_limit=time_limit,
+        )
+    except InfeasibleBudgetError as exc:
+        return BatchTrial(batch, False, exc.minimum_bytes, status="below minimum"), None
+    except SolverError:
+        return BatchTrial(batch, False, status="no schedule in time limit"), None
+    report = result.report
+    trial = BatchTrial(
+        batch,
+        True,
+        report.minimum_budget_bytes,
+        report.predicted_peak_bytes,
+        report.predicted_seconds,
+        sum(r.extra_computations for r in report.recomputations),
+        report.solver.status,
+    )
+    return trial, result

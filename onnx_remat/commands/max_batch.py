@@ -1,0 +1,139 @@
+"""`onnx-remat max-batch IN.onnx --budget 4GiB`: the largest batch size whose rematerialized model fits."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from onnx_remat.batch import DEFAULT_MAX_BATCH, BatchTrial, MaxBatch, max_batch
+from onnx_remat.budget import format_bytes, parse_budget
+from onnx_remat.cli import parse_input_shapes
+from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.solve import BACKENDS
+from onnx_remat.pipeline import MODES, check_output_path
+
+DEFAULT_TIME_LIMIT = 30.0
+TABLE_WIDTH = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-remat max-batch",
+        description="Find the largest batch size whose rematerialized model fits the budget: doubling, then "
+        "bisection. The model's batch dimension (first dimension of its inputs) must be symbolic.",
+    )
+    parser.add_argument("input", help="the ONNX model, with a symbolic batch dimension")
+    parser.add_argument("--budget", required=True, help="memory budget in bytes with an optional unit (4GiB)")
+    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=BxDx...",
+        help="fix an input's other symbolic dimensions; its first dimension is the batch to start from (repeatable)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        metavar="N",
+        help=f"largest batch to try (default {DEFAULT_MAX_BATCH})",
+    )
+    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(BACKENDS)} (default highs)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        metavar="SECONDS",
+        help=f"solver time limit per batch tried (default {DEFAULT_TIME_LIMIT:g})",
+    )
+    parser.add_argument("-o", "--output", metavar="OUT.onnx", help="write the rewritten model at the largest batch")
+    parser.add_argument("--report", metavar="FILE.json", help="write the report of the largest batch as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    return parser
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Search the batch, print every batch tried and the result, write model and report if asked."""
+    budget = parse_budget(args.budget)
+    if budget.absolute_bytes is None:
+        raise UsageError(
+            f"--budget {args.budget}: max-batch needs bytes (4GiB); a percentage of keep-all or min changes "
+            "with the batch"
+        )
+    if args.max_batch < 1:
+        raise UsageError("--max-batch must be at least 1")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise UsageError("--time-limit must be a positive number of seconds")
+    for extra in (args.output, args.report):
+        if extra:
+            check_output_path(extra, args.input, args.force)
+    shapes = parse_input_shapes(args.input_shape)
+    with console.status("trying batch sizes", spinner="dots") as status:
+
+        def show(trial: BatchTrial) -> None:
+            verdict = "fits" if trial.fits else f"does not fit ({trial.status})"
+            console.print(f"batch {trial.batch}: {verdict}", highlight=False)
+            status.update(f"batch {trial.batch} {verdict}; trying the next")
+
+        found = max_batch(
+            args.input,
+            budget.absolute_bytes,
+            mode=args.mode,
+            input_shapes=shapes,
+            solver=args.solver,
+            time_limit=args.time_limit,
+            limit=args.max_batch,
+            on_trial=show,
+        )
+    if not console.is_terminal:
+        console.width = max(console.width, TABLE_WIDTH)  # a log or pipe: keep rows on one line
+    console.print(table(found, budget.absolute_bytes))
+    if found.result is None:
+        smallest = min(found.trials, key=lambda t: t.batch)
+        needs = f" (it needs at least {format_bytes(smallest.minimum_bytes)})" if smallest.minimum_bytes else ""
+        raise InfeasibleBudgetError(
+            f"no batch fits {format_bytes(budget.absolute_bytes)}: batch {smallest.batch} does not{needs}; "
+            "raise --budget",
+            smallest.minimum_bytes,
+        )
+    console.print(result_line(found, budget.absolute_bytes, args.max_batch), highlight=False)
+    if args.output:
+        found.result.save(args.output, force=args.force)
+        console.print(f"wrote {args.output} (batch {found.batch})", highlight=False)
+    if args.report:
+        write_atomically(Path(args.report), found.result.report.to_json().encode())
+
+
+def table(found: MaxBatch, budget_bytes: int) -> Table:
+    """Every batch tried, in order: fits or not, minimum budget, predicted peak, time and recomputations."""
+    out = Table(title=f"batch sizes tried against {format_bytes(budget_bytes)}")
+    for column in ("batch", "fits", "minimum", "pred. peak", "pred. time", "per sample", "recomputes", "solver"):
+        out.add_column(column, justify="left" if column in ("fits", "solver") else "right")
+    for t in found.trials:
+        minimum = format_bytes(t.minimum_bytes) if t.minimum_bytes is not None else "-"
+        if not t.fits:
+            out.add_row(str(t.batch), "no", minimum, "-", "-", "-", "-", t.status)
+            continue
+        out.add_row(
+            str(t.batch),
+            "yes",
+            minimum,
+            format_bytes(t.predicted_peak_bytes),
+            f"{1e3 * t.predicted_seconds:.2f} ms",
+            f"{1e3 * t.predicted_seconds / t.batch:.3f} ms",
+            str(t.recomputations),
+            t.status,
+        )
+    return out
+
+
+def result_line(found: MaxBatch, budget_bytes: int, limit: int) -> str:
+    """The answer in one sentence."""
+    capped = " (the --max-batch limit; larger ones were not tried)" if found.batch == limit else ""
+    return f"largest batch within {format_bytes(budget_bytes)}: {found.batch}{capped}"

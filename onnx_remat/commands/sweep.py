@@ -1,0 +1,179 @@
+"""`onnx-remat sweep IN.onnx --budgets 100%,75%,50%,25%`: predicted (and measured) time against budget, the knee."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from onnx_remat.budget import format_bytes
+from onnx_remat.cli import parse_input_shapes
+from onnx_remat.devices import PRESETS
+from onnx_remat.errors import UsageError
+from onnx_remat.files import write_atomically
+from onnx_remat.passes.solve import SOLVERS
+from onnx_remat.pipeline import COST_MODELS, MODES, check_output_path
+from onnx_remat.plot import plot_sweep
+from onnx_remat.sweep import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, Sweep, parse_budgets, sweep
+
+DEFAULT_TIME_LIMIT = 30.0
+TABLE_WIDTH = 170
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-remat sweep",
+        description="Solve a model at several budgets; print time, overhead, recomputations and peak per budget. "
+        "The knee is the smallest budget whose predicted time is within --knee-overhead of keep-all.",
+    )
+    parser.add_argument("input", help="the ONNX model")
+    parser.add_argument(
+        "--budgets",
+        default=DEFAULT_BUDGETS,
+        help=f"comma-separated budgets, each as --budget takes it (default {DEFAULT_BUDGETS})",
+    )
+    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxDx...",
+        help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
+    )
+    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(SOLVERS)} (default highs)")
+    parser.add_argument(
+        "--devices",
+        metavar="FILE.toml|PRESET",
+        help=f"the devices to place operators on: a device file or a preset ({', '.join(PRESETS)}); "
+        "each budget then applies to every device",
+    )
+    parser.add_argument(
+        "--cost-model",
+        choices=COST_MODELS,
+        help="operator costs: analytic or profiled (default profiled with several devices, else analytic)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        metavar="SECONDS",
+        help=f"solver time limit per budget (default {DEFAULT_TIME_LIMIT:g})",
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="also run each rewritten model in onnxruntime: measured activation peak and time",
+    )
+    parser.add_argument(
+        "--knee-overhead",
+        type=float,
+        default=100 * DEFAULT_KNEE_OVERHEAD,
+        metavar="PERCENT",
+        help=f"overhead defining the knee (default {100 * DEFAULT_KNEE_OVERHEAD:g}%%)",
+    )
+    parser.add_argument("--plot", metavar="FILE.png|svg", help="draw time and peak against budget, knee marked")
+    parser.add_argument("--json", metavar="FILE.json", help="write every point of the sweep as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    return parser
+
+
+def run(args: argparse.Namespace, console: Console) -> None:
+    """Check the outputs can be written, sweep, print the table, write plot and JSON."""
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise UsageError("--time-limit must be a positive number of seconds")
+    if args.solver not in SOLVERS:
+        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
+    if args.knee_overhead < 0:
+        raise UsageError("--knee-overhead must be a percentage of at least 0")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
+        raise UsageError(f"--plot {args.plot} must end in .png or .svg")
+    for extra in (args.plot, args.json):
+        if extra:
+            check_output_path(extra, args.input, args.force)
+    budgets = parse_budgets(args.budgets)
+    shapes = parse_input_shapes(args.input_shape)
+    with console.status(f"solving at {len(budgets)} budgets", spinner="dots"):
+        result = sweep(
+            args.input,
+            budgets,
+            mode=args.mode,
+            input_shapes=shapes,
+            solver=args.solver,
+            time_limit=args.time_limit,
+            measure=args.measure,
+            knee_overhead=args.knee_overhead / 100,
+            devices=args.devices,
+            cost_model=args.cost_model,
+        )
+    if not console.is_terminal:
+        console.width = max(console.width, TABLE_WIDTH)  # a log or pipe: keep rows on one line
+    console.print(table(result))
+    console.print(knee_line(result), highlight=False)
+    if args.json:
+        write_atomically(Path(args.json), to_json(result).encode())
+    if args.plot:
+        plot_sweep(result, args.plot)
+
+
+def table(result: Sweep) -> Table:
+    """The sweep as a rich table, one row per budget, largest first."""
+    measured = any(p.measured_seconds is not None for p in result.points)
+    devices = [name for name, _ in next((p.device_peak_bytes for p in result.points if p.feasible), ())]
+    several = len(devices) > 1
+    out = Table(title=f"{result.model} ({result.mode}) against budget")
+    columns = ["budget", "bytes", "pred. time", "overhead", "recomputes", "pred. peak", "solver"]
+    columns += ["copies", *(f"peak {name}" for name in devices)] if several else []
+    columns += ["meas. activations", "pred. activations", "meas. time"] if measured else []
+    for column in columns:
+        out.add_column(column, justify="left" if column in ("budget", "solver") else "right")
+    for i, p in enumerate(result.points):
+        label = p.label + (" (knee)" if i == result.knee else "")
+        size = format_bytes(p.budget_bytes) if p.budget_bytes is not None else "?"
+        if not p.feasible:
+            minimum = format_bytes(p.minimum_bytes) if p.minimum_bytes is not None else "?"
+            out.add_row(label, size, "-", "-", "-", "-", f"infeasible: minimum {minimum}", *["-"] * (len(columns) - 7))
+            continue
+        row = [
+            label,
+            size,
+            f"{1e3 * p.predicted_seconds:.3f} ms",
+            f"{100 * p.overhead:+.1f}%",
+            str(p.recomputations),
+            format_bytes(p.predicted_peak_bytes),
+            f"{p.status}, gap {100 * p.gap:.1f}%",
+        ]
+        if several:
+            row += [str(p.copies), *(format_bytes(peak) for _, peak in p.device_peak_bytes)]
+        if measured:
+            row += [
+                format_bytes(p.measured_activation_bytes),
+                format_bytes(p.predicted_peak_bytes - p.resident_bytes),
+                f"{1e3 * p.measured_seconds:.3f} ms",
+            ]
+        out.add_row(*row)
+    return out
+
+
+def knee_line(result: Sweep) -> str:
+    """One sentence naming the knee, or saying there is none within the overhead."""
+    limit = f"{100 * result.knee_overhead:g}%"
+    if result.knee is None:
+        return f"knee: no feasible budget has a predicted overhead within {limit}"
+    p = result.points[result.knee]
+    return (
+        f"knee: {p.label} = {format_bytes(p.budget_bytes)}, the smallest budget within {limit} of keep-all time "
+        f"({100 * p.overhead:+.1f}%)"
+    )
+
+
+def to_json(result: Sweep) -> str:
+    """The sweep as JSON: every point with its overhead, the knee's budget and the overhead that defines it."""
+    points = [dict(asdict(p), overhead=p.overhead) for p in result.points]
+    knee = None if result.knee is None else result.points[result.knee].label
+    data = {"model": result.model, "mode": result.mode, "knee": knee, "knee_overhead": result.knee_overhead}
+    return json.dumps(dict(data, points=points), indent=2)

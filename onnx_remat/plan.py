@@ -1,0 +1,139 @@
+"""Turn a solved problem into the readable plan: what is recomputed, what is copied, each device's time and peak.
+
+Kept apart from the pipeline so that every caller (the main command, sweeps, the max-batch search) reports
+a schedule the same way, and apart from `report` so that the report stays plain data.
+"""
+
+from __future__ import annotations
+
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve import SolveResult
+from onnx_remat.passes.solve.baselines import placed_baselines
+from onnx_remat.problem import Problem
+from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputation, Report, SolverSummary
+from onnx_remat.schedule import Compute, Copy, Free, Schedule
+
+
+def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int, result: SolveResult) -> Report:
+    """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines."""
+    simulation = simulate(problem, result.schedule)
+    keep_all_seconds = min(sum(costs) for costs in problem.cost)
+    return Report(
+        model=name,
+        mode=mode,
+        devices=problem.devices,
+        num_ops=problem.num_ops,
+        budget_bytes=problem.budgets[0],
+        keep_all_bytes=problem.keep_all_bytes(),
+        minimum_budget_bytes=minimum_bytes,
+        resident_bytes=problem.resident_bytes[0],
+        predicted_peak_bytes=max(simulation.peak_bytes),
+        predicted_seconds=simulation.total_cost,
+        keep_all_seconds=keep_all_seconds,
+        recomputations=recomputations(problem, result.schedule),
+        solver=SolverSummary(result.solver, result.status, result.objective, result.bound, result.gap, result.seconds),
+        baselines=baselines(problem),
+        device_usage=device_usage(problem, result.schedule),
+        copies=copies(problem, result.schedule),
+    )
+
+
+def recomputations(problem: Problem, schedule: Schedule) -> tuple[Recomputation, ...]:
+    """Each operator computed more than once: extra runs, the bytes it frees, for how many stages, the time added."""
+    runs: dict[int, list[Compute]] = {}
+    for compute in schedule.computes:
+        runs.setdefault(compute.op, []).append(compute)
+    gaps = _stages_held_nowhere(problem, schedule)
+    return tuple(
+        Recomputation(
+            op=problem.op_names[op],
+            extra_computations=len(computes) - 1,
+            output_bytes=problem.output_bytes[op],
+            added_seconds=sum(problem.cost[c.device][op] for c in computes[1:]),
+            freed_stages=gaps[op],
+        )
+        for op, computes in sorted(runs.items())
+        if len(computes) > 1
+    )
+
+
+def _stages_held_nowhere(problem: Problem, schedule: Schedule) -> list[int]:
+    """Per operator, the stages it enters held on no device between its first and its last computation:
+    how long freeing it (instead of keeping it) saved its bytes."""
+    holders = [0] * problem.num_ops
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    absent_since: dict[int, int] = {}
+    absent = [0] * problem.num_ops
+    for event in schedule.events:
+        if isinstance(event, Compute):
+            first.setdefault(event.op, event.stage)
+            last[event.op] = event.stage
+        if isinstance(event, (Compute, Copy)):
+            if holders[event.op] == 0 and event.op in absent_since:
+                absent[event.op] += event.stage - absent_since.pop(event.op)
+            holders[event.op] += 1
+        elif isinstance(event, Free):
+            holders[event.op] -= 1
+            if holders[event.op] == 0:
+                absent_since[event.op] = event.stage
+    return [absent[op] if op in last and last[op] > first[op] else 0 for op in range(problem.num_ops)]
+
+
+def copies(problem: Problem, schedule: Schedule) -> tuple[CopyRecord, ...]:
+    """Every copy between devices in schedule order, with its bytes and predicted seconds."""
+    return tuple(
+        CopyRecord(
+            op=problem.op_names[event.op],
+            stage=event.stage,
+            source=problem.devices[event.source],
+            target=problem.devices[event.target],
+            bytes=problem.output_bytes[event.op],
+            seconds=problem.output_bytes[event.op] * problem.copy_seconds_per_byte[event.source][event.target],
+        )
+        for event in schedule.events
+        if isinstance(event, Copy)
+    )
+
+
+def device_usage(problem: Problem, schedule: Schedule) -> tuple[DeviceUsage, ...]:
+    """Per device: budget, keep-all, predicted peak (simulated), compute time, time of copies into it, runs."""
+    simulation = simulate(problem, schedule)
+    compute_seconds = [0.0] * problem.num_devices
+    copy_seconds = [0.0] * problem.num_devices
+    runs = [0] * problem.num_devices
+    seen: set[int] = set()
+    reruns = [0] * problem.num_devices
+    for event in schedule.events:
+        if isinstance(event, Compute):
+            compute_seconds[event.device] += problem.cost[event.device][event.op]
+            runs[event.device] += 1
+            reruns[event.device] += event.op in seen
+            seen.add(event.op)
+        elif isinstance(event, Copy):
+            size = problem.output_bytes[event.op]
+            copy_seconds[event.target] += size * problem.copy_seconds_per_byte[event.source][event.target]
+    return tuple(
+        DeviceUsage(
+            name=name,
+            budget_bytes=problem.budgets[d],
+            keep_all_bytes=problem.keep_all_bytes(d),
+            resident_bytes=problem.resident_bytes[d],
+            peak_bytes=simulation.peak_bytes[d],
+            compute_seconds=compute_seconds[d],
+            copy_in_seconds=copy_seconds[d],
+            computations=runs[d],
+            recomputations=reruns[d],
+        )
+        for d, name in enumerate(problem.devices)
+    )
+
+
+def baselines(problem: Problem) -> dict[str, BaselineResult]:
+    """Predicted time and peak of every baseline run entirely on each device, and whether it fits every budget."""
+    results = {}
+    for name, schedule in placed_baselines(problem):
+        simulation = simulate(problem, schedule)
+        fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
+        results[name] = BaselineResult(simulation.total_cost, max(simulation.peak_bytes), fits)
+    return results

@@ -1,0 +1,177 @@
+"""Solve one model at several budgets and find the knee of its time/memory curve.
+
+The knee is the smallest feasible budget whose predicted time is within `knee_overhead` (default 5%) of
+keep-all: below it every saved byte costs noticeably more recomputation. It is a threshold, not a
+curvature estimate, so that it means the same thing on a four-point sweep and a forty-point one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from onnx_remat.budget import Budget, parse_budget
+from onnx_remat.devices import Device
+from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.passes.execute import ort_session, random_feeds
+from onnx_remat.passes.load import load_model
+from onnx_remat.passes.measure import measure_activation_peak
+from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, RematResult, TrainingOptions, remat
+
+DEFAULT_BUDGETS = "100%,75%,50%,25%"
+DEFAULT_KNEE_OVERHEAD = 0.05
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One budget of a sweep: what was asked, what the solver predicted, what was measured (if asked).
+
+    Infeasible budgets have status "infeasible", their requested bytes (if known) and the minimum feasible
+    budget; their time and peak fields are None.
+    """
+
+    label: str
+    budget_bytes: int | None
+    status: str
+    minimum_bytes: int | None
+    keep_all_bytes: int | None = None
+    predicted_seconds: float | None = None
+    keep_all_seconds: float | None = None
+    recomputations: int | None = None
+    predicted_peak_bytes: int | None = None
+    resident_bytes: int | None = None
+    gap: float | None = None
+    measured_activation_bytes: int | None = None
+    measured_seconds: float | None = None
+    device_peak_bytes: tuple[tuple[str, int], ...] = ()
+    copies: int | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.status != "infeasible"
+
+    @property
+    def overhead(self) -> float | None:
+        """Predicted time relative to keep-all (0.05 = 5% slower), None if infeasible."""
+        if self.predicted_seconds is None or not self.keep_all_seconds:
+            return None
+        return self.predicted_seconds / self.keep_all_seconds - 1
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """All points of a sweep, the knee (index into points, or None) and the overhead defining it."""
+
+    model: str
+    mode: str
+    points: tuple[SweepPoint, ...]
+    knee: int | None
+    knee_overhead: float
+
+
+def parse_budgets(text: str) -> list[tuple[str, Budget]]:
+    """Parse a comma-separated list of budgets (each as --budget takes it)."""
+    labels = [part.strip() for part in text.split(",") if part.strip()]
+    if not labels:
+        raise UsageError(f"--budgets {text!r} lists no budget: write e.g. {DEFAULT_BUDGETS}")
+    return [(label, parse_budget(label)) for label in labels]
+
+
+def sweep(
+    model: str | Path | onnx.ModelProto,
+    budgets: list[tuple[str, Budget]],
+    *,
+    mode: str = "infer",
+    training: TrainingOptions | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    solver: str = "highs",
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+    measure: bool = False,
+    repeats: int = 3,
+    knee_overhead: float = DEFAULT_KNEE_OVERHEAD,
+    devices: str | Path | Sequence[Device] | None = None,
+    cost_model: str | None = None,
+) -> Sweep:
+    """Solve `model` at every budget (infeasible ones recorded with the minimum), measuring if asked.
+
+    With several devices every budget applies to each device, as a percentage of that device's keep-all."""
+    name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
+    model = load_model(model)
+    points = []
+    refused: list[tuple[str, Budget, int | None]] = []
+    for label, budget in budgets:
+        try:
+            result = remat(
+                model,
+                budget,
+                mode=mode,
+                training=training,
+                input_shapes=input_shapes,
+                solver=solver,
+                time_limit=time_limit,
+                devices=devices,
+                cost_model=cost_model,
+            )
+        except InfeasibleBudgetError as exc:
+            refused.append((label, budget, exc.minimum_bytes))
+            continue
+        points.append(_point(label, result, measure, repeats))
+    keep_all = next((p.keep_all_bytes for p in points), None)
+    for label, budget, minimum in refused:
+        requested = budget.resolve(keep_all, minimum or 0) if keep_all is not None else budget.absolute_bytes
+        points.append(SweepPoint(label, requested, "infeasible", minimum, keep_all_bytes=keep_all))
+    ordered = tuple(sorted(points, key=lambda p: -(p.budget_bytes or 0)))
+    return Sweep(name, mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
+
+
+def _point(label: str, result: RematResult, measure: bool, repeats: int) -> SweepPoint:
+    """A feasible point from a remat result, with measured activation peak and time if `measure`."""
+    report = result.report
+    measured_bytes = measured_seconds = None
+    if measure:
+        with tempfile.TemporaryDirectory() as workdir:
+            path = Path(workdir) / "model.onnx"
+            onnx.save(result.model, str(path))
+            measured_bytes = measure_activation_peak(path, repeats=repeats)
+            measured_seconds = median_seconds(result.model, repeats)
+    return SweepPoint(
+        label=label,
+        budget_bytes=report.budget_bytes,
+        status=report.solver.status,
+        minimum_bytes=report.minimum_budget_bytes,
+        keep_all_bytes=report.keep_all_bytes,
+        predicted_seconds=report.predicted_seconds,
+        keep_all_seconds=report.keep_all_seconds,
+        recomputations=sum(r.extra_computations for r in report.recomputations),
+        predicted_peak_bytes=report.predicted_peak_bytes,
+        resident_bytes=report.resident_bytes,
+        gap=report.solver.gap,
+        measured_activation_bytes=measured_bytes,
+        measured_seconds=measured_seconds,
+        device_peak_bytes=tuple((d.name, d.peak_bytes) for d in report.device_usage),
+        copies=len(report.copies),
+    )
+
+
+def median_seconds(model: onnx.ModelProto, repeats: int) -> float:
+    """Median wall time of one onnxruntime run in schedule order (after a warm-up run), one thread."""
+    session, feeds = ort_session(model, threads=1), random_feeds(model, seed=0)
+    session.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def find_knee(points: tuple[SweepPoint, ...], knee_overhead: float) -> int | None:
+    """Index of the smallest feasible budget whose predicted overhead is at most `knee_overhead`, or None."""
+    within = [i for i, p in enumerate(points) if p.feasible and p.overhead is not None and p.overhead <= knee_overhead]
+    return min(within, key=lambda i: points[i].budget_bytes or 0, default=None)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import onnx
 
+from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
@@ -34,20 +35,30 @@ def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: i
 
 def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     """What `measure_activation_peak` should see for a model run in file order: the largest sum, over nodes,
-    of live tensors plus the node's workspace. A tensor lives from its producer to its last consumer; graph
-    outputs and tensors no node reads live to the end (onnxruntime frees unread outputs only then)."""
+    of live buffers plus the node's workspace. A buffer lives from its producer to the last reader of any
+    tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to the end
+    (onnxruntime frees unread outputs only then)."""
     model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     graph = model.graph
     infos = tensor_infos(model)
-    last_use = {name: index for index, node in enumerate(graph.node) for name in node.input}
+    owner = shared_buffers(graph.node, {output.name for output in graph.output})
+    last_use = {owner.get(name, name): index for index, node in enumerate(graph.node) for name in node.input}
     last_use.update({output.name: len(graph.node) for output in graph.output})
     live: dict[str, int] = {}
     peak = 0
     for index, node in enumerate(graph.node):
-        live.update((name, infos[name].nbytes) for name in node.output if name)
+        live.update((name, infos[name].nbytes) for name in node.output if name and name not in owner)
         peak = max(peak, sum(live.values()) + workspace_bytes(node, infos, threads))
         live = {name: size for name, size in live.items() if last_use.get(name, len(graph.node)) > index}
     return peak
+
+
+def held_before_run(model: onnx.ModelProto) -> int:
+    """Bytes `measure_activation_peak` finds resident before the run: parameters and graph inputs. Nodes fed
+    by constants alone (a report's resident prelude) run inside the run and count as activations there."""
+    infos = tensor_infos(model)
+    names = {init.name for init in model.graph.initializer} | {value.name for value in model.graph.input}
+    return sum(infos[name].nbytes for name in names)
 
 
 def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = None) -> int:

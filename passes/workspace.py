@@ -9,8 +9,11 @@ the kernel touches (resident pages), not what it allocates:
   OutputSize x max(K, filters) floats per thread but fills only one panel of it: measured 0 to
   threads x 64 KiB, not the 9-36 MiB allocated for a batch-4 64-channel 64x64 Conv.
 - ConvTranspose: the col2im matrix, (filters x kernel) x input pixels floats, fully written.
-- MatMul, Gemm (constant or activation B), pooling, element-wise ops: none measured (packing panels
-  live on the stack; constant weights are prepacked at load time and count as resident).
+- Where: two output-sized temporaries (the X picks and the Y picks, then merged into the output):
+  measured 3x the output for a float Where, with or without broadcasting.
+- ScatterElements: its indices copied to an int64 vector: measured 4 MiB beside the output for 512 Ki indices.
+- MatMul, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none measured
+  (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from onnx import helper
 from onnx_remat.passes.sizes import TensorInfo
 
 FLOAT_BYTES = 4
+INDEX_BYTES = 8  # int64
 PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's GEMM panel
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
@@ -36,6 +40,10 @@ def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads:
         return FLOAT_BYTES * _conv_floats(node, infos, threads)
     if node.op_type == "ConvTranspose":
         return FLOAT_BYTES * _conv_transpose_floats(node, infos)
+    if node.op_type == "Where":
+        return 2 * infos[node.output[0]].nbytes
+    if node.op_type == "ScatterElements":
+        return INDEX_BYTES * math.prod(infos[node.input[1]].shape)
     return 0
 
 

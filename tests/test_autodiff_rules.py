@@ -194,6 +194,7 @@ def check(case: Case) -> None:
 
 
 # Elementwise and broadcasting.
+WITH_ZEROS = np.array([[-1.0, 0.0, 2.0], [0.0, 3.0, -0.5]])
 
 ELEMENTWISE = [
     Case("Add", [rand(2, 3, 4), rand(3, 1)], lambda a, b: a + b),
@@ -204,6 +205,10 @@ ELEMENTWISE = [
     Case("Neg", [rand(3, 4)], lambda a: -a),
     Case("Relu", [rand(3, 4)], F.relu),
     Case("LeakyRelu", [rand(3, 4)], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}),
+    Case("LeakyRelu", [rand(3, 4)], lambda a: F.leaky_relu(a, 1.5), {"alpha": 1.5}),  # y no longer has x's sign
+    # At x = 0 (a kink, so no finite differences) torch's slope is 0 for Relu and alpha for LeakyRelu.
+    Case("Relu", [WITH_ZEROS], F.relu, finite_differences=False),
+    Case("LeakyRelu", [WITH_ZEROS], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}, finite_differences=False),
     Case("Sigmoid", [rand(3, 4)], torch.sigmoid),
     Case("Tanh", [rand(3, 4)], torch.tanh),
     Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], lambda a, lo, hi: a.clamp(lo.item(), hi.item())),

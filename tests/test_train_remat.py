@@ -31,7 +31,8 @@ def test_rewritten_train_step_matches_unrewritten(name, kwargs, loss):
     for got, want, output in zip(run(result.model, feeds), run(unrewritten, feeds), names, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=output)
     if high > low:
-        recomputes = [n.name for n in result.model.graph.node if "__remat" in n.name]
+        # onnxruntime folds Constant nodes at load, so only computing recomputes show up as executed.
+        recomputes = [n.name for n in result.model.graph.node if "__remat" in n.name and n.op_type != "Constant"]
         assert recomputes and set(recomputes) <= set(executed_node_names(result.model, feeds))
 
 

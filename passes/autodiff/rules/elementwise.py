@@ -76,13 +76,18 @@ def _mask(e: Emitter, condition: str, dy: str, otherwise: str | None = None) -> 
 
 
 def relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
-    """dy where x > 0."""
-    return {0: _mask(e, e.op("Greater", node.input[0], e.scalar(0.0)), dys[0])}
+    """dy * sign(y): y = relu(x) is 1 where x > 0 and 0 elsewhere. Reading the output, not the input, lets
+    the input go after the forward pass, and Mul holds no temporaries (onnxruntime's Where holds two)."""
+    return {0: e.op("Mul", dys[0], e.op("Sign", node.output[0]))}
 
 
 def leaky_relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
-    """dy where x > 0, alpha*dy elsewhere."""
+    """dy where x > 0, alpha*dy elsewhere. For 0 < alpha <= 1 y has the sign of x, and clipping sign(y) to
+    [alpha, 1] gives the slope, so as for relu the output is read instead of the input and no Where runs."""
     alpha = attr(node, "alpha", 0.01)
+    if 0 < alpha <= 1:
+        slope = e.op("Clip", e.op("Sign", node.output[0]), e.scalar(alpha), e.scalar(1.0))
+        return {0: e.op("Mul", dys[0], slope)}
     positive = e.op("Greater", node.input[0], e.scalar(0.0))
     return {0: _mask(e, positive, dys[0], e.scale(dys[0], alpha))}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import onnx
@@ -28,20 +29,40 @@ def _input_grad(e: Emitter, dxhat: str, xhat: str, inv_std: str, axes: Sequence[
 
 
 def _channel_norm(e: Emitter, node: onnx.NodeProto, dy: str, needs: Needs, axes: Sequence[int]) -> dict[int, str]:
-    """Shared by BatchNormalization (training) and InstanceNormalization: per-channel scale and bias."""
+    """Shared by BatchNormalization (training) and InstanceNormalization: per-channel scale and bias.
+
+    With c = x - mean(x), r = 1/std and per-channel scale s, dx = a (dy + q c + e) where a = s r,
+    q = -r^2 mean(dy c) and e = -mean(dy) are reduced tensors, and dscale = sum(r mean(dy c)) * n.
+    Written so, at most two full-size temporaries are alive at once and the last node turns one of them
+    into dx (the textbook form holds four: xhat, dxhat and two partial sums), which lowers the layer's
+    peak inside the backward pass."""
     x, scale = node.input[:2]
     shape = e.info.shape(x)
-    xhat, inv_std = _normalized(e, x, axes, attr(node, "epsilon", 1e-5))
     reduce_axes = sorted({0, *axes})
+    count = math.prod(shape[a] for a in axes)
     grads = {}
-    if needs[0]:
-        channel = (1, shape[1], *[1] * (len(shape) - 2))
-        grads[0] = _input_grad(e, e.op("Mul", dy, e.reshape(scale, channel)), xhat, inv_std, axes)
-    if needs[1]:
-        grads[1] = e.reduce_sum(e.op("Mul", dy, xhat), reduce_axes, keepdims=False)
+    if needs[0] or needs[1]:
+        centered, inv_std, dy_centered = _centered_stats(e, x, dy, axes, count, attr(node, "epsilon", 1e-5))
+        if needs[1]:
+            grads[1] = e.scale(e.reduce_sum(e.op("Mul", dy_centered, inv_std), reduce_axes, keepdims=False), count)
+        if needs[0]:
+            q = e.op("Neg", e.op("Mul", e.op("Mul", inv_std, inv_std), dy_centered))
+            inner = e.op("Sum", dy, e.op("Mul", centered, q), e.op("Neg", e.reduce_mean(dy, axes)))
+            a = e.op("Mul", e.reshape(scale, (1, shape[1], *[1] * (len(shape) - 2))), inv_std)
+            grads[0] = e.op("Mul", inner, a)
     if needs[2]:
         grads[2] = e.reduce_sum(dy, reduce_axes, keepdims=False)
     return grads
+
+
+def _centered_stats(
+    e: Emitter, x: str, dy: str, axes: Sequence[int], count: int, eps: float
+) -> tuple[str, str, str]:
+    """(c = x - mean(x), 1/std, mean(dy c)) over `axes`, axes kept; one full-size temporary beside c."""
+    centered = e.op("Sub", x, e.reduce_mean(x, axes))
+    var = e.scale(e.op("ReduceSumSquare", centered, axes=list(axes), keepdims=1), 1 / count)
+    inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", var, e.scalar(eps))))
+    return centered, inv_std, e.reduce_mean(e.op("Mul", dy, centered), axes)
 
 
 def batch_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:

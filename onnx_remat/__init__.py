@@ -15,10 +15,13 @@ from onnx_remat.errors import (
     SolverError,
     UsageError,
 )
+from onnx_remat.execution import run_on_devices
+from onnx_remat.passes.run_devices import DeviceRun
 from onnx_remat.pipeline import RematResult, remat
 
 __all__ = [
     "Budget",
+    "DeviceRun",
     "InfeasibleBudgetError",
     "ModelError",
     "OutputError",
@@ -28,4 +31,5 @@ __all__ = [
     "UsageError",
     "parse_budget",
     "remat",
+    "run_on_devices",
 ]

@@ -9,16 +9,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
 
 from onnx_remat.budget import format_bytes
+from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.files import write_atomically
+from onnx_remat.netron import default_path, write_attachment
 from onnx_remat.passes.autodiff import LOSSES
-from onnx_remat.passes.solve import BACKENDS
+from onnx_remat.passes.solve import SOLVERS
 from onnx_remat.pipeline import (
+    COST_MODELS,
     DEFAULT_TIME_LIMIT,
     MODES,
     TrainingOptions,
@@ -28,7 +35,12 @@ from onnx_remat.pipeline import (
 )
 from onnx_remat.plot import plot_schedule
 
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "sweep": "sweep",
+    "max-batch": "max_batch",
+    "solve": "solve",
+    "run": "run",
+}
 """Subcommand name -> the module in onnx_remat.commands that implements it."""
 
 EXIT_CODES = """exit codes:
@@ -54,7 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--budget",
         help="memory budget: bytes with an optional unit (512MiB, 1.5GB, 1073741824), "
-        "a percentage of keep-all (25%%), or min",
+        "a percentage of keep-all (25%%), or min; for every device, or per device as cpu=2GiB,gpu=25%%",
+    )
+    parser.add_argument(
+        "--devices", metavar="FILE.toml|PRESET",
+        help="the devices to place operators on: a device file or a preset "
+        f"({', '.join(PRESETS)}); default one onnxruntime CPU device",
+    )
+    parser.add_argument(
+        "--cost-model", choices=COST_MODELS,
+        help="operator costs: analytic (roofline) or profiled (measured on every device, cached); "
+        "default profiled with several devices, else analytic",
     )
     parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
     train = parser.add_argument_group("train mode")
@@ -69,12 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-shape", action="append", default=[], metavar="NAME=DxDx...",
         help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
     )
-    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(BACKENDS)} (default highs)")
+    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(SOLVERS)} (default highs)")
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
                         help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})")
     parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
+    parser.add_argument("--emit-problem", metavar="FILE.json",
+                        help="write the solver's problem as JSON before solving (onnx-remat solve reads it)")
+    parser.add_argument("--emit-mps", metavar="FILE.mps", help="write the solver's MILP as MPS before solving")
     parser.add_argument("--plot", metavar="FILE.png|svg",
                         help="draw the compute and keep matrices and memory over time per device")
+    parser.add_argument("--netron-attachment", nargs="?", const="", metavar="FILE.json",
+                        help="write a Netron attachment (per-node plan in Netron's sidebar); "
+                        "without FILE beside the output as OUT.netron.json")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     return parser
@@ -112,18 +140,24 @@ def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, run the pipeline, write model and report."""
     if args.time_limit is not None and args.time_limit <= 0:
         raise UsageError("--time-limit must be a positive number of seconds")
-    if args.solver not in BACKENDS:
-        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(BACKENDS)}")
+    if args.solver not in SOLVERS:
+        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     shapes = parse_input_shapes(args.input_shape)
     training = TrainingOptions(args.loss, tuple(args.freeze), args.optimizer, args.lr)
     if args.no_remat and args.mode != "train":
         raise UsageError("--no-remat writes the training graph: use it with --mode train")
-    if args.budget is None and not args.no_remat:
+    if args.budget is None and args.devices is None and not args.no_remat:
         raise UsageError("--budget is required: give bytes (512MiB), a percentage of keep-all (25%) or min")
     check_output_path(args.output, args.input, args.force)
-    for extra in (args.report, args.plot):
+    if args.netron_attachment == "":
+        args.netron_attachment = str(default_path(args.output))
+    if args.netron_attachment and not args.netron_attachment.lower().endswith(".json"):
+        raise UsageError(f"--netron-attachment {args.netron_attachment} must end in .json (Netron reads only those)")
+    for extra in (args.report, args.plot, args.netron_attachment, args.emit_problem, args.emit_mps):
         if extra:
             check_output_path(extra, args.input, args.force)
+    if args.emit_mps and Path(args.emit_mps).suffix.lower() != ".mps":
+        raise UsageError(f"--emit-mps {args.emit_mps} must end in .mps")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     if args.no_remat:
@@ -131,26 +165,48 @@ def run(args: argparse.Namespace, console: Console) -> None:
         write_atomically(Path(args.output), model.SerializeToString())
         console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
         return
-    with console.status("solving", spinner="dots") as status:
-
-        def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
-            best = "-" if incumbent is None else f"{incumbent * 1e3:.3f} ms"
-            low = "-" if bound is None else f"{bound * 1e3:.3f} ms"
-            status.update(f"solving: {elapsed:.1f} s, incumbent {best}, bound {low}")
-
+    with _live_progress(console) as (on_profile, on_solve):
         result = remat(
             args.input, args.budget, mode=args.mode, training=training, input_shapes=shapes,
-            solver=args.solver, time_limit=args.time_limit, progress=progress,
+            solver=args.solver, time_limit=args.time_limit, progress=on_solve, devices=args.devices,
+            cost_model=args.cost_model, profile_progress=on_profile, emit_problem=args.emit_problem,
+            emit_mps=args.emit_mps,
         )
     check_output_path(args.output, args.input, args.force)
     write_atomically(Path(args.output), result.model.SerializeToString())
     if args.report:
         write_atomically(Path(args.report), result.report.to_json().encode())
+    if args.netron_attachment:
+        write_attachment(args.netron_attachment, result.model, result.problem, result.schedule, result.report)
     if args.plot:
         plot_schedule(result.problem, result.schedule, args.plot, forward_count=result.forward_count,
                       title=f"{Path(args.input).name} at {format_bytes(result.report.budget_bytes)}")
     console.print(result.report.summary(), highlight=False)
     console.print(f"wrote {args.output}", highlight=False)
+
+
+@contextmanager
+def _live_progress(
+    console: Console,
+) -> Iterator[tuple[Callable[[int, int, str], None], Callable[[float, float | None, float | None], None]]]:
+    """Progress callbacks for profiling (a bar over the measurements) and solving (incumbent and bound)."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with RichProgress(*columns, console=console, transient=True) as bar:
+        solving = bar.add_task("preparing", total=None)
+        profiling: list[TaskID] = []
+
+        def on_profile(done: int, total: int, label: str) -> None:
+            if not profiling:
+                profiling.append(bar.add_task("profiling", total=total))
+            bar.update(profiling[0], completed=done, description=f"profiling {label}")
+
+        def on_solve(elapsed: float, incumbent: float | None, bound: float | None) -> None:
+            best = "-" if incumbent is None else f"{incumbent * 1e3:.3f} ms"
+            low = "-" if bound is None else f"{bound * 1e3:.3f} ms"
+            bar.update(solving, description=f"solving: {elapsed:.1f} s, incumbent {best}, bound {low}")
+
+        yield on_profile, on_solve
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,33 +3,39 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
-from onnx_remat.budget import Budget, format_bytes, parse_budget
+from onnx_remat.budget import Budget, format_bytes
+from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
 from onnx_remat.errors import InfeasibleBudgetError, OutputError, UsageError
 from onnx_remat.files import write_atomically
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
-from onnx_remat.passes.build_problem import build_problem
+from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
+from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
+from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
-from onnx_remat.passes.rewrite import rewrite
-from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
-from onnx_remat.passes.solve import SolveResult, solve
-from onnx_remat.passes.solve.baselines import chen_sqrt_n, keep_all
+from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve.checkmate_milp import write_mps
 from onnx_remat.passes.solve.min_budget import minimum_budget
 from onnx_remat.passes.workspace import workspace_bytes
+from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
-from onnx_remat.report import BaselineResult, Recomputation, Report, SolverSummary
+from onnx_remat.problem_file import write_problem
+from onnx_remat.report import Report
 from onnx_remat.schedule import Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
 MODES = ("infer", "train")
+COST_MODELS = ("analytic", "profiled")
 DEFAULT_TIME_LIMIT = 60.0
 
 
@@ -42,6 +48,10 @@ class RematResult:
     problem: Problem
     report: Report
     forward_count: int | None = None
+    minimum_bytes: tuple[int, ...] = ()
+    """Per device, the smallest feasible budget found (with the other devices at their budgets)."""
+    profiled: ProfiledCosts | None = None
+    """The measured costs the problem uses (cost model "profiled"), or None (analytic)."""
 
     def save(self, path: str | Path, force: bool = False) -> None:
         """Write the rewritten model atomically (temporary file, then rename)."""
@@ -85,8 +95,11 @@ def prepare(
         return PreparedModel(original, load.infer_shapes(original), None)
     options = training or TrainingOptions()
     graph = build_training_graph(
-        load.infer_shapes(original), loss=options.loss, freeze=_matching(original, options.freeze),
-        optimizer=options.optimizer, lr=options.lr,
+        load.infer_shapes(original),
+        loss=options.loss,
+        freeze=_matching(original, options.freeze),
+        optimizer=options.optimizer,
+        lr=options.lr,
     )
     groups = training_groups(graph.model, graph.backward_groups)
     model = graph.model
@@ -108,7 +121,7 @@ def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, .
 
 def remat(
     model: str | Path | onnx.ModelProto,
-    budget: str | int | Budget = "100%",
+    budget: BudgetSpec | None = "100%",
     *,
     mode: str = "infer",
     training: TrainingOptions | None = None,
@@ -116,86 +129,110 @@ def remat(
     solver: str = "highs",
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     progress: Progress | None = None,
+    devices: str | Path | Sequence[Device] | None = None,
+    cost_model: str | None = None,
+    cache_dir: str | Path | None = None,
+    profile_progress: ProfileProgress | None = None,
+    emit_problem: str | Path | None = None,
+    emit_mps: str | Path | None = None,
 ) -> RematResult:
-    """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time."""
-    budget = _as_budget(budget)
+    """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
+
+    `devices`: a preset name, a device file or Devices (default: one onnxruntime CPU device named cpu).
+    `budget`: one budget for every device, `name=budget,...` per device, a mapping, or None to take each
+    device's from its device file. `cost_model`: "analytic" or "profiled" (measured on every device, cached
+    in `cache_dir`); by default profiled with several devices, analytic with one. `emit_problem` and
+    `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
+    """
+    devices = get_devices(devices)
+    budgets = device_budgets(devices, budget)
+    cost_model = cost_model or ("profiled" if len(devices) > 1 else "analytic")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
-    infos = tensor_infos(prepared.inferred)
-    roofline = Roofline()
-    costs = {"cpu": lambda n, i: node_seconds(n, i, roofline)}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
-    problem, minimum = _with_budget(graph.problem, budget)
+    graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
+    problem, minima = with_budgets(graph.problem, budgets)
+    if emit_problem:
+        write_problem(problem, emit_problem)
+    if emit_mps:
+        write_mps(problem, emit_mps)
     result = solve(problem, solver=solver, time_limit=time_limit, progress=progress)
     check_schedule(problem, result.schedule)
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
-    report = build_report(name, mode, problem, minimum, result)
+    tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
+    report = build_report(name, mode, problem, minima[0], result)
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
-    return RematResult(rewritten, result.schedule, problem, report, forward_count)
+    return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled)
 
 
-def _with_budget(problem: Problem, budget: Budget) -> tuple[Problem, int]:
-    """Set the budget resolved against keep-all and the minimum, refusing one below the minimum;
-    also return the minimum feasible budget."""
-    keep = problem.keep_all_bytes()
-    minimum = minimum_budget(problem)
-    requested = budget.resolve(keep, minimum.feasible)
-    if requested < minimum.lower or (requested < minimum.feasible and minimum.lower == minimum.feasible):
+def costed_problem(
+    prepared: PreparedModel,
+    devices: Sequence[Device],
+    cost_model: str = "analytic",
+    cache_dir: str | Path | None = None,
+    progress: ProfileProgress | None = None,
+) -> tuple[GraphProblem, ProfiledCosts | None]:
+    """The problem of a prepared model on `devices` (budgets still 0) with analytic (roofline) costs, or with
+    costs measured on every device ("profiled", cached in `cache_dir`); also the measurements, if any."""
+    if cost_model not in COST_MODELS:
+        raise UsageError(f"unknown cost model {cost_model!r}: use {' or '.join(COST_MODELS)}")
+    infos = tensor_infos(prepared.inferred)
+    roofline = Roofline()
+    costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
+    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    if cost_model == "analytic":
+        return graph, None
+    profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir, progress=progress)
+    return replace(graph, problem=profiled.apply(graph.problem)), profiled
+
+
+def with_budgets(problem: Problem, budgets: dict[str, Budget]) -> tuple[Problem, tuple[int, ...]]:
+    """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
+    also return each device's minimum feasible budget (with the other devices at their budgets).
+
+    Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all."""
+    keep = [problem.keep_all_bytes(d) for d in range(problem.num_devices)]
+    wanted = [budgets[name] for name in problem.devices]
+    requested = [keep[d] if b.minimum else b.resolve(keep[d], keep[d]) for d, b in enumerate(wanted)]
+    _refuse_below_resident(problem, requested)
+    minima = []
+    for d in range(problem.num_devices):
+        problem = replace(problem, budgets=tuple(requested))
+        minimum = minimum_budget(problem, d)
+        if wanted[d].minimum:
+            requested[d] = minimum.feasible
+        elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):
+            raise InfeasibleBudgetError(_below_minimum(problem, d, requested[d], minimum.feasible), minimum.feasible)
+        minima.append(minimum.feasible)
+    return replace(problem, budgets=tuple(requested)), tuple(minima)
+
+
+def _refuse_below_resident(problem: Problem, requested: list[int]) -> None:
+    """Refuse budgets that cannot hold what stays on a device all run, when more than one device has one
+    (with one, `with_budgets` states that device's minimum)."""
+    below = [d for d in range(problem.num_devices) if requested[d] < problem.resident_bytes[d]]
+    if len(below) > 1:
+        names = ", ".join(f"{problem.devices[d]} {format_bytes(requested[d])}" for d in below)
         raise InfeasibleBudgetError(
-            f"budget {format_bytes(requested)} is below the minimum feasible budget "
-            f"{format_bytes(minimum.feasible)} ({minimum.feasible} bytes, "
-            f"{100 * minimum.feasible / keep:.1f}% of keep-all): raise --budget to at least that",
-            minimum.feasible,
+            f"budgets {names} are below the {format_bytes(problem.resident_bytes[below[0]])} "
+            f"({problem.resident_bytes[below[0]]} bytes) each device holds for the whole run (parameters, inputs): "
+            "raise them"
         )
-    return replace(problem, budgets=(requested,) * problem.num_devices), minimum.feasible
 
 
-def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int, result: SolveResult) -> Report:
-    """Summarise a solved problem: memory, time, recomputations, solver state and baselines."""
-    simulation = simulate(problem, result.schedule)
-    costs = problem.cost[0]
-    counts: dict[int, int] = {}
-    for compute in result.schedule.computes:
-        counts[compute.op] = counts.get(compute.op, 0) + 1
-    recomputations = tuple(
-        Recomputation(problem.op_names[op], n - 1, problem.output_bytes[op], (n - 1) * costs[op])
-        for op, n in sorted(counts.items())
-        if n > 1
+def _below_minimum(problem: Problem, device: int, requested: int, minimum: int) -> str:
+    """The message for a budget below the minimum: the minimum in bytes and in percent of keep-all."""
+    keep = problem.keep_all_bytes(device)
+    amount = f"{format_bytes(minimum)} ({minimum} bytes, {100 * minimum / keep:.1f}% of keep-all)"
+    if problem.num_devices == 1:
+        return (
+            f"budget {format_bytes(requested)} is below the minimum feasible budget {amount}: "
+            "raise --budget to at least that"
+        )
+    name = problem.devices[device]
+    return (
+        f"device {name}: budget {format_bytes(requested)} is below its minimum feasible budget {amount} "
+        f"with the other devices at their budgets: raise --budget {name}= to at least that"
     )
-    return Report(
-        model=name,
-        mode=mode,
-        devices=problem.devices,
-        num_ops=problem.num_ops,
-        budget_bytes=problem.budgets[0],
-        keep_all_bytes=problem.keep_all_bytes(),
-        minimum_budget_bytes=minimum_bytes,
-        resident_bytes=problem.resident_bytes[0],
-        predicted_peak_bytes=max(simulation.peak_bytes),
-        predicted_seconds=simulation.total_cost,
-        keep_all_seconds=sum(costs),
-        recomputations=recomputations,
-        solver=SolverSummary(result.solver, result.status, result.objective, result.bound, result.gap, result.seconds),
-        baselines=_baselines(problem),
-    )
-
-
-def _baselines(problem: Problem) -> dict[str, BaselineResult]:
-    """Predicted time and peak of keep-all and Chen's sqrt(n) schedules on this problem."""
-    results = {}
-    for name, schedule in (("keep-all", keep_all(problem)), ("chen-sqrt-n", chen_sqrt_n(problem))):
-        simulation = simulate(problem, schedule)
-        peak = max(simulation.peak_bytes)
-        results[name] = BaselineResult(simulation.total_cost, peak, peak <= problem.budgets[0])
-    return results
-
-
-def _as_budget(budget: str | int | Budget) -> Budget:
-    if isinstance(budget, Budget):
-        return budget
-    if isinstance(budget, int):
-        return Budget(absolute_bytes=budget)
-    return parse_budget(budget)
 
 
 def check_output_path(path: str | Path, source: str | Path | None, force: bool) -> None:

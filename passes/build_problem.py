@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_remat.opmap import OpMap
+from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
@@ -76,7 +77,8 @@ def build_problem(
         graph_outputs=_held_to_end(ops, exported, producer, graph_outputs),
         devices=devices,
         workspace_bytes=tuple(
-            _group_workspace(nodes, set(outs), infos, workspace) for nodes, outs in zip(ops, exported, strict=True)
+            _group_workspace(nodes, set(outs), infos, workspace, graph_outputs)
+            for nodes, outs in zip(ops, exported, strict=True)
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
     )
@@ -109,20 +111,36 @@ def _consumers(ops: list[list[onnx.NodeProto]]) -> dict[str, set[int]]:
 
 
 def _group_workspace(
-    nodes: list[onnx.NodeProto], exported: set[str], infos: dict[str, TensorInfo], workspace: NodeWorkspace
+    nodes: list[onnx.NodeProto],
+    exported: set[str],
+    infos: dict[str, TensorInfo],
+    workspace: NodeWorkspace,
+    graph_outputs: set[str],
 ) -> int:
-    """Peak transient memory inside a group: its internal tensors while live, plus each node's scratch."""
-    last_use = {name: k for k, node in enumerate(nodes) for name in node.input}
+    """Transient memory of a group beyond its output, which the problem holds for the whole step: the peak,
+    over its nodes, of internal tensors while live plus the outputs written so far plus the node's scratch,
+    less the whole output. A tensor in another's buffer (a reshape) takes none and keeps that buffer alive."""
+    owner = shared_buffers(nodes, graph_outputs)
+    last_use: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for name in node.input:
+            last_use[owner.get(name, name)] = k
+    output_buffers = {owner.get(name, name) for name in exported}
     live: dict[str, int] = {}
-    peak = 0
+    written = peak = 0
     for k, node in enumerate(nodes):
         for out in node.output:
-            if out and out not in exported:
-                live[out] = infos[out].nbytes if out in infos else 0
-        peak = max(peak, sum(live.values()) + workspace(node, infos))
+            size = infos[out].nbytes if out in infos else 0
+            if not out or out in owner:
+                continue
+            if out in output_buffers:
+                written += size
+            else:
+                live[out] = size
+        peak = max(peak, sum(live.values()) + written + workspace(node, infos))
         for name in [n for n in live if last_use.get(n, -1) <= k]:
             del live[name]
-    return peak
+    return max(0, peak - sum(infos[name].nbytes for name in exported if name in infos))
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> set[str]:

@@ -10,6 +10,7 @@ import sys
 import onnx
 import pytest
 from conftest import conv_chain
+from onnx import TensorProto
 
 from onnx_remat.cli import main
 
@@ -141,17 +142,49 @@ def test_train_mode_no_remat_writes_training_graph(capsys, chain_path, tmp_path)
     assert {"loss", "grad.w0", "w0.updated"} <= names
 
 
-def test_train_mode_without_parameters_exits_3(capsys, tmp_path):
-    model = conv_chain(depth=1)
-    relu = model.graph.node[1]
-    model.graph.ClearField("initializer")
-    model.graph.ClearField("node")
-    model.graph.node.append(onnx.helper.make_node("Relu", ["input"], ["output"], name=relu.name))
-    path = tmp_path / "noparams.onnx"
+def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, list[str]]]:
+    """Issue 3's bad inputs to train mode: each model and the options that make it bad."""
+    no_parameters = conv_chain(depth=1)
+    no_parameters.graph.ClearField("initializer")
+    no_parameters.graph.ClearField("node")
+    no_parameters.graph.node.append(onnx.helper.make_node("Relu", ["input"], ["output"], name="relu0"))
+    no_rule = conv_chain(depth=2)
+    no_rule.graph.node[1].op_type = "Sin"  # relu0 -> sin0: a differentiable op with no rule
+    no_rule.graph.node[1].name = "sin0"
+    integer = conv_chain(depth=1)
+    integer.graph.node.append(onnx.helper.make_node("Cast", ["output"], ["rounded"], name="cast", to=TensorProto.INT64))
+    integer.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("rounded", TensorProto.INT64, [1, 8, 16, 16]))
+    source = tmp_path / "chain.onnx"
+    onnx.save(conv_chain(depth=2), source)
+    assert run_cli(capsys, source, tmp_path / "trained.onnx", "--mode", "train", "--no-remat")[0] == 0
+    return {
+        "no parameters": (no_parameters, []),
+        "target cannot match": (conv_chain(depth=2), ["--loss", "cross-entropy"]),
+        "no gradient rule": (no_rule, []),
+        "integer-only path": (integer, []),
+        "already a training model": (onnx.load(tmp_path / "trained.onnx"), []),
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "pattern"),
+    [
+        ("no parameters", "no trainable parameters"),
+        ("target cannot match", r"cross-entropy needs an output of shape \[batch, classes\], not \[1, 8, 16, 16\]"),
+        ("no gradient rule", r"no gradient rule for these op types: Sin \(e\.g\. node 'sin0'\)"),
+        ("integer-only path", "integer-only path has no gradient"),
+        ("already a training model", "already contains training parts"),
+    ],
+)
+def test_bad_training_models_exit_3_without_output(capsys, tmp_path, case, pattern):
+    model, options = _bad_training_models(tmp_path, capsys)[case]
+    path, out = tmp_path / "bad.onnx", tmp_path / "out.onnx"
     onnx.save(model, path)
-    code, err = run_cli(capsys, path, tmp_path / "out.onnx", "--mode", "train", "--budget", "100%")
-    assert code == 3 and "trainable" in err, err
-    assert not (tmp_path / "out.onnx").exists()
+    code, err = run_cli(capsys, path, out, "--mode", "train", "--budget", "100%", *options)
+    assert code == 3, err
+    assert re.search(pattern, err), err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
 
 
 def test_no_remat_needs_train_mode(capsys, chain_path, tmp_path):

@@ -86,7 +86,7 @@ def max_batch(
     mode: str = "infer",
     training: TrainingOptions | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
-    solver: str = "highs",
+    solver: str = "auto",
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     limit: int = DEFAULT_MAX_BATCH,
     on_trial: Callable[[BatchTrial], None] | None = None,

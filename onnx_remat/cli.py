@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-shape", action="append", default=[], metavar="NAME=DxDx...",
         help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
     )
-    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(SOLVERS)} (default highs)")
+    parser.add_argument(
+        "--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)"
+    )
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
                         help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})")
     parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")

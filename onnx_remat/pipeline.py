@@ -126,7 +126,7 @@ def remat(
     mode: str = "infer",
     training: TrainingOptions | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
-    solver: str = "highs",
+    solver: str = "auto",
     time_limit: float | None = DEFAULT_TIME_LIMIT,
     progress: Progress | None = None,
     devices: str | Path | Sequence[Device] | None = None,

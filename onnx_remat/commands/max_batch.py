@@ -13,7 +13,7 @@ from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.files import write_atomically
-from onnx_remat.passes.solve import BACKENDS
+from onnx_remat.passes.solve import SOLVERS
 from onnx_remat.pipeline import MODES, check_output_path
 
 DEFAULT_TIME_LIMIT = 30.0
@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"largest batch to try (default {DEFAULT_MAX_BATCH})",
     )
-    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(BACKENDS)} (default highs)")
+    parser.add_argument(
+        "--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)"
+    )
     parser.add_argument(
         "--time-limit",
         type=float,

@@ -23,7 +23,9 @@ the LP relaxation than Checkmate's hazard rows.
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -478,8 +480,7 @@ def write_mps(problem: Problem, path: str | Path) -> None:
     lp = _highs_lp(model.milp)
     lp.col_names_ = column_names(model)
     lp.row_names_ = [f"r{row}" for row in range(lp.num_row_)]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.passModel(lp)
     if h.writeModel(str(path)) != highspy.HighsStatus.kOk:
         raise SolverError(f"HiGHS could not write {path}")
@@ -510,8 +511,7 @@ def solve_highs(
     """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
 
     Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far)."""
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.setOptionValue("threads", 2)
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("mip_rel_gap", gaps[0])
@@ -554,6 +554,23 @@ def _start_leaked(h: highspy.Highs, milp: SparseMilp) -> bool:
 def _remaining(h: highspy.Highs, time_limit: float | None) -> float | None:
     """What is left of `time_limit` after the run `h` made."""
     return None if time_limit is None else max(0.01, time_limit - h.getRunTime())
+
+
+def quiet_highs() -> highspy.Highs:
+    """A silent Highs instance. HiGHS 1.16 prints its banner on the C stdout when the process makes its first
+    one, before any option can be set: stdout is pointed at /dev/null meanwhile, so no banner mixes into a
+    command's output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            return h
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _highs_lp(milp: SparseMilp) -> highspy.HighsLp:

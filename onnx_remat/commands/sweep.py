@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--budgets",
         default=DEFAULT_BUDGETS,
-        help=f"comma-separated budgets, each as --budget takes it (default {DEFAULT_BUDGETS})",
+        help=f"comma-separated budgets, each as --budget takes it (default {DEFAULT_BUDGETS.replace('%', '%%')})",
     )
     parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
     parser.add_argument(
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=DxDx...",
         help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
     )
-    parser.add_argument("--solver", default="highs", help=f"solver backend: {', '.join(SOLVERS)} (default highs)")
+    parser.add_argument("--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
     parser.add_argument(
         "--devices",
         metavar="FILE.toml|PRESET",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import keep_all, on_device
 from onnx_remat.passes.solve.checkmate_milp import build_model, write_mps
-from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, step_bytes
+from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, minimum_equal_budget, step_bytes
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy
@@ -186,3 +187,15 @@ def test_offloading_heuristic_parks_a_skip_tensor_instead_of_recomputing():
     assert schedule is not None
     assert [(c.op, c.source, c.target) for c in schedule.events if isinstance(c, Copy)] == [(0, 0, 1), (0, 1, 0)]
     assert check_schedule(p, schedule).total_cost == pytest.approx(4 + 2 * 10 * 0.01)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_device_problems())
+def test_equal_budget_minimum_brackets_the_true_one(p: Problem):
+    """Below `lower` on every device the MILP proves no schedule fits; at `feasible` one does."""
+    minimum = minimum_equal_budget(p)
+    assert minimum.lower <= minimum.feasible
+    with pytest.raises(InfeasibleBudgetError):
+        solve(replace(p, budgets=(minimum.lower - 1,) * p.num_devices))
+    at_minimum = replace(p, budgets=(minimum.feasible,) * p.num_devices)
+    check_schedule(at_minimum, solve(at_minimum).schedule)

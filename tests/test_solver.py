@@ -320,3 +320,14 @@ def test_stop_before_the_milp_returns_the_warm_start(monkeypatch):
     result = solve_module.solve(problem)
     assert result.status == "interrupted"
     assert result.objective == pytest.approx(simulate(problem, best_baseline(problem)[1]).total_cost)
+
+
+def test_the_time_limit_holds_for_the_whole_solve():
+    """Model building and checking count too: a solve too hard to finish ends within its limit with a gap."""
+    graph = unet(14)
+    problem = with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
+    start = time.perf_counter()
+    result = solve(problem, "highs", time_limit=4)
+    assert time.perf_counter() - start <= 4.5
+    assert result.status in ("time_limit", "heuristic") and 0 < result.gap < 1
+    check_schedule(problem, result.schedule)

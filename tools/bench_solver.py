@@ -2,8 +2,9 @@
 
 Device 0 ("fast") costs operators with the analytic roofline model (onnx_remat.passes.cost_analytic), device 1
 ("slow") is the same model 2.5x slower; a copy costs one byte / the roofline's memory bandwidth per byte. Each
-device gets 25% of its keep-all, or, where 25% is below the minimum feasible budget, the smallest budget known
-to be feasible (a single-device minimum-budget search; the row says "min" and the proven lower bound).
+device gets 25% of its keep-all, or, where 25% is below the minimum feasible budget, the smallest equal budget per
+device known to be feasible on the two devices (the row says "25% infeasible" where that is proven, "min" with the
+feasible budget and the proven lower bound, "=" when they meet).
 
 Columns: the solver's predicted step time (objective), its proven lower bound and gap, and the baselines:
 keep-all and Chen sqrt(n) on the fast device (marked * when over budget) and the best single-device schedule.
@@ -26,8 +27,7 @@ from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import chen_sqrt_n, keep_all
-from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.passes.solve.offload import offload
+from onnx_remat.passes.solve.min_budget import equal_budget_lower_bound, fits_equal_budget, minimum_equal_budget
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.pipeline import TrainingOptions, prepare
 from onnx_remat.problem import Problem
@@ -89,17 +89,21 @@ def two_devices(problem: Problem, budget: int) -> Problem:
 
 
 def budget_for(problem: Problem) -> tuple[int, str]:
-    """25% of keep-all (if the recomputing heuristic fits it), or the smallest budget known feasible on one
-    device, with its label."""
+    """25% of keep-all per device if that is not proven infeasible on the two devices and a schedule is known to
+    fit it, else the smallest equal budget per device known to be feasible, labelled with the proven lower bound.
+
+    Both numbers are for the two-device problem: its devices share the work, so graph outputs and parked
+    tensors may sit on either device, and its minimum is below the one-device minimum."""
     keep = problem.keep_all_bytes()
     wanted = int(FRACTION * keep)
-    if offload(replace(problem, budgets=(wanted,)), 0) is not None:
+    if wanted >= equal_budget_lower_bound(problem) and fits_equal_budget(problem, wanted):
         return wanted, f"{100 * FRACTION:.0f}%"
-    minimum = minimum_budget(replace(problem, budgets=(keep,)))
+    minimum = minimum_equal_budget(problem)
     if wanted >= minimum.feasible:
         return wanted, f"{100 * FRACTION:.0f}%"
     proven = "=" if minimum.lower == minimum.feasible else f">={100 * minimum.lower / keep:.1f}%"
-    return minimum.feasible, f"min {100 * minimum.feasible / keep:.1f}% ({proven})"
+    why = "infeasible" if wanted < minimum.lower else "none found"
+    return minimum.feasible, f"{100 * FRACTION:.0f}% {why}; min {100 * minimum.feasible / keep:.1f}% ({proven})"
 
 
 def baseline_text(problem: Problem, schedule_of) -> str:
@@ -113,7 +117,7 @@ def run_case(case: str, solver: str, time_limit: float | None, emit: Path | None
     model, kwargs, issue_limit = CASES[case]
     time_limit = issue_limit if time_limit is None else time_limit
     single = training_problem(model, kwargs)
-    budget, label = budget_for(single)
+    budget, label = budget_for(two_devices(single, single.keep_all_bytes()))
     problem = two_devices(single, budget)
     if emit is not None:
         write_problem(problem, emit / f"{case}.json")

@@ -5,7 +5,8 @@ and the eviction heuristic; with several devices also each device solved alone),
 the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
 and the best heuristic schedule is the answer. The stated bound is the backend's or the memory-cut bound,
 whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best schedule found so
-far, with status "interrupted"; a second Ctrl-C aborts.
+far, with status "interrupted"; a second Ctrl-C aborts. A time limit holds for the whole solve: the backend gets
+what is left of it after the warm starts and model building, less a reserve, and a timer stops it if it overruns.
 """
 
 from __future__ import annotations
@@ -44,9 +45,20 @@ BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": 
 SOLVERS = ("auto", *BACKENDS)
 """What `solver` may name: a backend, or "auto" to let `choose_backend` pick one."""
 
-MAX_MILP_CELLS = 150_000
+MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
-on 2 cores HiGHS does not finish the root LP of one device at T=321 in 600 s (measured)."""
+on 2 cores HiGHS does not finish the root LP of one device at T=321 in 600 s, and at T=236 on two devices
+(ResNet18 training, 111k) it finds nothing in 60 s and overruns that limit by 13 s in its root LP, where
+neither its time limit nor an interrupt reaches it (measured)."""
+
+
+DEADLINE_RESERVE = 1.0
+"""Seconds of a time limit (at least 5% of it) kept from the backend for checking and pruning the answer and the
+memory-cut bound, and for the backend overrunning its own limit (HiGHS: up to a second, measured)."""
+
+
+def _reserve(time_limit: float) -> float:
+    return max(DEADLINE_RESERVE, 0.05 * time_limit)
 
 
 def choose_backend(problem: Problem) -> str:
@@ -88,9 +100,11 @@ def solve(
     backend = choose_backend(problem) if solver == "auto" else solver
     start = time.perf_counter()
     _refuse_small_budgets(problem)
-    with _stop_on_interrupt() as stop:
+    with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
         incumbent, single_device = _incumbent(problem, backend, time_limit, stop)
         schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
+    if status == "interrupted" and timed_out.is_set():
+        status = "time_limit" if schedule is not incumbent else "heuristic"
     if schedule is None:
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
@@ -110,9 +124,12 @@ def _stop_on_interrupt() -> Iterator[threading.Event]:
         yield stop
         return
 
+    pressed = threading.Event()  # not `stop`: the deadline sets that too, and must not make one Ctrl-C abort
+
     def handler(signum: int, frame: object) -> None:
-        if stop.is_set():
+        if pressed.is_set():
             raise KeyboardInterrupt
+        pressed.set()
         stop.set()
 
     previous = signal.signal(signal.SIGINT, handler)
@@ -120,6 +137,30 @@ def _stop_on_interrupt() -> Iterator[threading.Event]:
         yield stop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _deadline(stop: threading.Event, time_limit: float | None) -> Iterator[threading.Event]:
+    """An event set, together with `stop`, once `time_limit` seconds less half the reserve have passed: a
+    backstop for backends that overrun their own limits (HiGHS by over 10 s in a root LP at T=236 on two
+    devices, measured), so the whole solve is held to the limit."""
+    timed_out = threading.Event()
+    if time_limit is None:
+        yield timed_out
+        return
+
+    def expire() -> None:
+        if not stop.is_set():  # a Ctrl-C came first: the solve stays "interrupted"
+            timed_out.set()
+            stop.set()
+
+    timer = threading.Timer(max(0.0, time_limit - _reserve(time_limit) / 2), expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield timed_out
+    finally:
+        timer.cancel()
 
 
 def _refuse_small_budgets(problem: Problem) -> None:
@@ -152,7 +193,8 @@ def _solve_frontier(
         return incumbent, "heuristic", None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
-    remaining = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
+    remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
+    remaining = None if remaining is None else max(0.01, remaining)
     outcome = BACKENDS[solver](model.milp, remaining, warm, _scaled(progress, model, start), stop=stop)
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
     return *_pick(problem, model, outcome, incumbent), bound

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.baselines import every_segment_length, on_device, placed, placed_baselines
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model, solve_highs
+from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
 
@@ -96,3 +97,52 @@ def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
     """The simulated peak of `schedule` on `device` (its budget does not matter here)."""
     return simulate(problem, schedule).peak_bytes[device]
+
+
+def equal_budget_lower_bound(problem: Problem) -> int:
+    """A bound no schedule beats when every device gets the same budget.
+
+    Each operator runs on some device, holding that device's resident bytes and the operator's step; at the
+    end the graph outputs are held somewhere, so the devices' room beyond their resident bytes holds them all.
+    With one device it is `quick_lower_bound`."""
+    if problem.num_devices == 1:
+        return quick_lower_bound(problem)
+    residents = problem.resident_bytes
+    steps = max(
+        (min(resident + step_bytes(problem, v) for resident in residents) for v in range(problem.num_ops)), default=0
+    )
+    outputs = sum(problem.output_bytes[op] for op in set(problem.graph_outputs))
+    return max(steps, max(residents), math.ceil((sum(residents) + outputs) / problem.num_devices))
+
+
+def minimum_equal_budget(problem: Problem) -> MinBudget:
+    """`lower` <= the smallest budget that every device can be given at once <= `feasible`.
+
+    `feasible` is the least budget (searched by halving, to 0.05%) at which the offloading heuristic (computing
+    on each device, parking on each other one or nowhere) or a baseline on one device fits; it equals `lower`
+    when that is proven minimal. Seconds at any size: no MILP runs, so in between nothing is proven."""
+    lower = equal_budget_lower_bound(problem)
+    keep = max(problem.keep_all_bytes(d) for d in range(problem.num_devices)) + max(problem.workspace_bytes, default=0)
+    high = max(keep, lower)
+    if not fits_equal_budget(problem, high):
+        return MinBudget(lower, high)  # keep-all on one device fits a budget of its own keep-all peak: unreachable
+    low = lower - 1
+    while high - low > max(1, high // 2000):
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits_equal_budget(problem, middle) else (middle, high)
+    if fits_equal_budget(problem, lower):
+        high = lower
+    return MinBudget(lower, high)
+
+
+def fits_equal_budget(problem: Problem, budget: int) -> bool:
+    """Whether a heuristic schedule (the offloading heuristic or a baseline) fits `budget` on every device."""
+    equal = replace(problem, budgets=(budget,) * problem.num_devices)
+
+    def fits(schedule: Schedule | None) -> bool:
+        return schedule is not None and all(peak <= budget for peak in simulate(equal, schedule).peak_bytes)
+
+    devices = range(problem.num_devices)
+    if any(fits(offload(equal, c, s)) for c in devices for s in [*[d for d in devices if d != c], None]):
+        return True
+    return any(fits(schedule) for _, schedule in placed_baselines(equal))

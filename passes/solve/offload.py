@@ -22,6 +22,8 @@ class _Evictor:
         self.held: list[set[int]] = [set() for _ in problem.devices]
         self.memory = list(problem.resident_bytes)
         self.events: list[Event] = []
+        self.parked: dict[int, int] = {}
+        """The stage each output was last parked in (a copy must not be dropped in the stage it is made)."""
 
     def next_use(self, op: int, after: int) -> int:
         """The first reader of `op` after stage `after`; n for a graph output nobody reads later; -1: dead."""
@@ -45,12 +47,40 @@ class _Evictor:
             return False
         if op in self.held[self.store]:
             return True
+        if self.next_use(op, stage) < 0:
+            return False  # nobody reads it any more: a copy would be wasted
         round_trip = 2 * p.output_bytes[op] * p.copy_seconds_per_byte[self.compute][self.store]
-        fits = self.memory[self.store] + p.output_bytes[op] <= p.budgets[self.store]
-        if not fits or (round_trip > p.cost[self.compute][op] and op not in p.graph_outputs):
+        if round_trip > p.cost[self.compute][op] and op not in p.graph_outputs:
+            return False
+        worth = float("inf") if op in p.graph_outputs else self.density(op)
+        self.unpark(p.output_bytes[op], stage, worth)
+        if self.memory[self.store] + p.output_bytes[op] > p.budgets[self.store]:
             return False
         self.place(op, self.store, Copy(op, stage, self.compute, self.store))
+        self.parked[op] = stage
         return True
+
+    def density(self, op: int) -> float:
+        """Seconds to recompute `op` on the compute device per byte it holds."""
+        return self.problem.cost[self.compute][op] / max(1, self.problem.output_bytes[op])
+
+    def unpark(self, needed: int, stage: int, worth: float) -> None:
+        """Drop parked outputs cheaper to recompute per byte than `worth` (cheapest first; they will be recomputed)
+        until `needed` more bytes fit on the store device, if they can: a graph output cannot be dropped, nor an
+        output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses)."""
+        p = self.problem
+        room = p.budgets[self.store] - self.memory[self.store]
+        droppable = [
+            op
+            for op in self.held[self.store]
+            if op not in p.graph_outputs and self.parked[op] < stage and self.density(op) < worth
+        ]
+        if room >= needed or room + sum(p.output_bytes[op] for op in droppable) < needed:
+            return
+        for op in sorted(droppable, key=self.density):
+            if self.memory[self.store] + needed <= p.budgets[self.store]:
+                return
+            self.free(op, self.store, stage)
 
     def score(self, op: int, stage: int) -> float:
         """Evict the lowest first: dead outputs, then the cheapest to restore per byte and per stage until use."""

@@ -247,16 +247,24 @@ def _opsets(model: ModelProto) -> dict[str, int]:
 
 def _drop_unread_optional_outputs(nodes: list[NodeProto], graph_outputs: set[str], opsets: dict[str, int]) -> None:
     """Blank the optional outputs no node reads on recomputations (a BatchNorm's running statistics, a
-    Dropout mask): onnxruntime holds an unread output until the run ends, which would undo the remat."""
+    Dropout mask): onnxruntime holds an unread output until the run ends, which would undo the remat.
+    A training-mode BatchNormalization keeps its running statistics (two channel-sized vectors): onnxruntime 1.32
+    requires all three outputs then, and a run with them blank crashes (SIGSEGV)."""
     read = {name for node in nodes for name in node.input} | graph_outputs
     for node in nodes:
         unread = [name for name in node.output if name and name not in read]
-        if not unread or not _is_recompute(node) or not defs.has(node.op_type, node.domain):
+        if not unread or not _is_recompute(node) or not defs.has(node.op_type, node.domain) or _trains(node):
             continue
         schema = defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
         for index, name in enumerate(node.output):
             if name and name not in read and _is_optional(schema, index):
                 node.output[index] = ""
+
+
+def _trains(node: NodeProto) -> bool:
+    """Whether `node` is a BatchNormalization in training mode."""
+    return node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") and any(
+        a.name == "training_mode" and a.i for a in node.attribute)
 
 
 def _is_recompute(node: NodeProto) -> bool:

@@ -154,6 +154,15 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
     integer = conv_chain(depth=1)
     integer.graph.node.append(onnx.helper.make_node("Cast", ["output"], ["rounded"], name="cast", to=TensorProto.INT64))
     integer.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("rounded", TensorProto.INT64, [1, 8, 16, 16]))
+    many_rules = conv_chain(depth=4)  # two Sin nodes, a Cos and a custom-domain op: each type listed once
+    for index, (op, name) in {1: ("Sin", "sin0"), 3: ("Cos", "cos0"), 5: ("Sin", "sin1"), 7: ("Gelu", "gelu0")}.items():
+        many_rules.graph.node[index].op_type, many_rules.graph.node[index].name = op, name
+    many_rules.graph.node[7].domain = "com.example"
+    many_rules.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+    integer_inside = conv_chain(depth=2)  # w0 reaches the float output only through an int64 cast and back
+    integer_inside.graph.node[2].input[0] = "r0.float"
+    integer_inside.graph.node.insert(2, onnx.helper.make_node("Cast", ["r0.int"], ["r0.float"], name="back", to=1))
+    integer_inside.graph.node.insert(2, onnx.helper.make_node("Cast", ["r0"], ["r0.int"], name="round", to=7))
     source = tmp_path / "chain.onnx"
     onnx.save(conv_chain(depth=2), source)
     assert run_cli(capsys, source, tmp_path / "trained.onnx", "--mode", "train", "--no-remat")[0] == 0
@@ -161,7 +170,9 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
         "no parameters": (no_parameters, []),
         "target cannot match": (conv_chain(depth=2), ["--loss", "cross-entropy"]),
         "no gradient rule": (no_rule, []),
+        "no gradient rule, several ops": (many_rules, []),
         "integer-only path": (integer, []),
+        "integer-only path inside": (integer_inside, []),
         "already a training model": (onnx.load(tmp_path / "trained.onnx"), []),
     }
 
@@ -172,15 +183,21 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
         ("no parameters", "no trainable parameters"),
         ("target cannot match", r"cross-entropy needs an output of shape \[batch, classes\], not \[1, 8, 16, 16\]"),
         ("no gradient rule", r"no gradient rule for these op types: Sin \(e\.g\. node 'sin0'\)"),
+        ("no gradient rule, several ops",
+         r"no gradient rule for these op types: Cos \(e\.g\. node 'cos0'\); Sin \(e\.g\. node 'sin0'\); "
+         r"com\.example\.Gelu \(e\.g\. node 'gelu0'\)$"),
         ("integer-only path", "integer-only path has no gradient"),
+        ("integer-only path inside", "integer-only path has no gradient: parameter w0 reaches the loss only through "
+         "integer tensors \\(at node 'round'\\)"),
         ("already a training model", "already contains training parts"),
     ],
 )
-def test_bad_training_models_exit_3_without_output(capsys, tmp_path, case, pattern):
+@pytest.mark.parametrize("how", [("--budget", "100%"), ("--no-remat",)], ids=["remat", "no-remat"])
+def test_bad_training_models_exit_3_without_output(capsys, tmp_path, case, pattern, how):
     model, options = _bad_training_models(tmp_path, capsys)[case]
     path, out = tmp_path / "bad.onnx", tmp_path / "out.onnx"
     onnx.save(model, path)
-    code, err = run_cli(capsys, path, out, "--mode", "train", "--budget", "100%", *options)
+    code, err = run_cli(capsys, path, out, "--mode", "train", *how, *options)
     assert code == 3, err
     assert re.search(pattern, err), err
     assert len(err.strip().splitlines()) == 1

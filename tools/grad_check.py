@@ -3,13 +3,15 @@
 For every bundled network (small sizes) and exported fixture, in the configurations of
 tests/test_gradients_models.py: the largest relative error over the loss and every gradient, onnxruntime
 float32 vs the torch oracle (float64 autograd); the same for the float64 graph in the ONNX reference runtime
-where float32 is ill-conditioned; and OpenVINO vs onnxruntime on the float32 graph.
+where float32 is ill-conditioned; and OpenVINO vs onnxruntime on the float32 graph (for a float64 case that
+float32 graph is the ill-conditioned one, so its OpenVINO cell shows float32 round-off amplified, not a check).
 
     python tools/grad_check.py
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -35,16 +37,19 @@ def row(name: str) -> list[str]:
     """One case's cells."""
     float64 = torch_errors(name, True) if CASES[name].float64 else None
     openvino = None if has_dropout(name) else openvino_errors(name)
-    params = len(run_case(name, False).graph.parameters)
-    return [name, str(params), CASES[name].loss, cell(torch_errors(name, False)), cell(float64), cell(openvino)]
+    run = run_case(name, False)
+    sizes = {init.name: math.prod(init.dims) for init in run.model.graph.initializer}
+    elements = sum(sizes[p] for p in run.graph.parameters)
+    params = f"{len(run.graph.parameters)} ({elements / 1e3:,.1f}k)"
+    return [name, params, CASES[name].loss, cell(torch_errors(name, False)), cell(float64), cell(openvino)]
 
 
 def main() -> None:
     """Check every case and print the table."""
     table = Table(title=f"Training-graph gradients (relative error; tolerance {TOLERANCE:.0e})")
-    for column in ("model", "params", "loss", "onnxruntime f32 vs PyTorch", "reference f64 vs PyTorch",
+    for column in ("model", "params (elements)", "loss", "onnxruntime f32 vs PyTorch", "reference f64 vs PyTorch",
                    "OpenVINO vs onnxruntime"):
-        table.add_column(column, justify="right" if column == "params" else "left")
+        table.add_column(column, justify="right" if column.startswith("params") else "left")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in CASES:

@@ -100,15 +100,42 @@ def _plan(model: onnx.ModelProto, info: GraphInfo, frozen: frozenset[str]) -> _P
         if any(o in reaches and o in requires for o in node.output):
             active.add(node.name)
             reaches |= set(_differentiable(node, requires))
-    missing = sorted({f"{n.op_type} (e.g. node {n.name!r})" for n in model.graph.node
-                      if n.name in active and (n.op_type not in RULES or n.domain not in ("", "ai.onnx"))})
+    missing: dict[str, str] = {}  # op type -> the first node of that type
+    for node in model.graph.node:
+        if node.name in active and (node.op_type not in RULES or node.domain not in ("", "ai.onnx")):
+            missing.setdefault(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
+                               node.name)
     if missing:
-        raise ModelError(f"no gradient rule for these op types: {'; '.join(missing)}")
+        listed = "; ".join(f"{op} (e.g. node {name!r})" for op, name in sorted(missing.items()))
+        raise ModelError(f"no gradient rule for these op types: {listed}")
     parameters = tuple(p for p in candidates if p in reaches)
+    _refuse_integer_paths(model, info, candidates, parameters, requires)
     if not parameters:
         raise ModelError(f"no trainable parameters: none of the {len(candidates)} unfrozen float initializers "
                          "reaches the loss through floating-point tensors (all frozen, or an integer-only path?)")
     return _Plan(parameters, frozenset(requires), frozenset(active))
+
+
+def _refuse_integer_paths(model: onnx.ModelProto, info: GraphInfo, candidates: list[str],
+                          parameters: tuple[str, ...], requires: set[str]) -> None:
+    """ModelError for parameters whose values reach the loss only through integer or boolean tensors (a Cast
+    to int, an ArgMax): they would silently get no gradient. Shape and Size read no values."""
+    values = {LOSS}
+    for node in reversed(model.graph.node):
+        if node.op_type in ("Shape", "Size") or not any(o in values for o in node.output):
+            continue
+        rule = RULES.get(node.op_type)
+        values |= {i for pos, i in enumerate(node.input) if i and (rule is None or rule.differentiates(pos))}
+    stranded = [p for p in candidates if p in values and p not in parameters]
+    if not stranded:
+        return
+    casts = [n.name for n in model.graph.node if any(i in requires for i in n.input)
+             and any(o in values and not info.is_float(o) for o in n.output)]
+    names = ", ".join(stranded[:3]) + (f" and {len(stranded) - 3} more" if len(stranded) > 3 else "")
+    where = f" (at node {casts[0]!r})" if casts else ""
+    subject = f"parameters {names} reach" if len(stranded) > 1 else f"parameter {names} reaches"
+    raise ModelError(f"an integer-only path has no gradient: {subject} the loss only through integer "
+                     f"tensors{where}: keep that path in floating point, or --freeze those parameters")
 
 
 class _Backward:

@@ -1,7 +1,7 @@
 """Run a rewritten model on the devices it was placed on: the Python side of `onnx-remat run`.
 
     run = onnx_remat.run_on_devices("out.onnx", "devices/ort-cpu+ov-cpu.toml")
-    run.outputs, run.seconds, run.peak_bytes, run.within_budgets
+    run.outputs, run.seconds, run.predicted_peak_bytes, run.measured_peak_bytes, run.within_budgets
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from onnx_remat.devices import Device, budgets_by_name, get_devices, parse_devic
 from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.passes import load
 from onnx_remat.passes.execute import random_feeds
+from onnx_remat.passes.measure_devices import with_measured_peaks
 from onnx_remat.passes.rewrite import tagged_budgets
 from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
 
@@ -29,9 +30,12 @@ def run_on_devices(
     feeds: dict[str, np.ndarray] | None = None,
     budget: str | None = None,
     repeats: int = DEFAULT_REPEATS,
+    measure_memory: bool = True,
 ) -> DeviceRun:
     """Execute a model written by onnx-remat on `devices` (a preset, a device file or Devices): each device's
-    segments on its runtime, tensors handed across at the copy nodes; outputs, measured time, predicted peaks.
+    segments on its runtime, tensors handed across at the copy nodes; outputs, measured time, predicted peaks and,
+    with `measure_memory`, measured peaks (a fresh process runs the model again: `passes/measure_devices.py`),
+    which `within_budgets` then goes by.
 
     `feeds`: the graph inputs (default: reproducible random values). `budget`: bytes to compare each device's peak
     with, for all (`2GiB`) or per device (`cpu=2GiB,gpu=512MiB`); a device not named there is compared with the
@@ -43,7 +47,9 @@ def run_on_devices(
     model = load.load_model(model)
     devices = get_devices(devices)
     feeds = input_values(model, feeds)
-    return execute(build_plan(model, devices), feeds, repeats, _budgets(model, devices, budget))
+    plan = build_plan(model, devices)
+    run = execute(plan, feeds, repeats, _budgets(model, devices, budget))
+    return with_measured_peaks(run, plan, feeds) if measure_memory else run
 
 
 def input_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:

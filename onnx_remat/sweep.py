@@ -19,6 +19,7 @@ import onnx
 from onnx_remat.budget import Budget, parse_budget
 from onnx_remat.devices import Device
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.execution import run_on_devices
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.load import load_model
 from onnx_remat.passes.measure import measure_activation_peak
@@ -33,7 +34,9 @@ class SweepPoint:
     """One budget of a sweep: what was asked, what the solver predicted, what was measured (if asked).
 
     Infeasible budgets have status "infeasible", their requested bytes (if known) and the minimum feasible
-    budget; their time and peak fields are None.
+    budget; their time and peak fields are None. Measured on one device: the activation peak and time of the
+    rewritten model in onnxruntime; on several: the time of the multi-device execution (each device's segments on
+    its runtime, `run_on_devices`) and each device's measured peak (`measured_device_peak_bytes`).
     """
 
     label: str
@@ -51,6 +54,7 @@ class SweepPoint:
     measured_seconds: float | None = None
     device_peak_bytes: tuple[tuple[str, int], ...] = ()
     copies: int | None = None
+    measured_device_peak_bytes: tuple[tuple[str, int], ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -121,7 +125,7 @@ def sweep(
         except InfeasibleBudgetError as exc:
             refused.append((label, budget, exc.minimum_bytes))
             continue
-        points.append(_point(label, result, measure, repeats))
+        points.append(_point(label, result, measure, repeats, devices))
     keep_all = next((p.keep_all_bytes for p in points), None)
     for label, budget, minimum in refused:
         requested = budget.resolve(keep_all, minimum or 0) if keep_all is not None else budget.absolute_bytes
@@ -130,11 +134,19 @@ def sweep(
     return Sweep(name, mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
 
 
-def _point(label: str, result: RematResult, measure: bool, repeats: int) -> SweepPoint:
-    """A feasible point from a remat result, with measured activation peak and time if `measure`."""
+def _point(
+    label: str, result: RematResult, measure: bool, repeats: int, devices: str | Path | Sequence[Device] | None
+) -> SweepPoint:
+    """A feasible point from a remat result, measured if `measure`: on one device the activation peak and time in
+    onnxruntime; on several the multi-device execution's time and per-device peaks."""
     report = result.report
     measured_bytes = measured_seconds = None
-    if measure:
+    device_peaks: tuple[tuple[str, int], ...] = ()
+    if measure and len(result.problem.devices) > 1:
+        run = run_on_devices(result.model, devices, repeats=repeats, measure_memory=True)
+        measured_seconds = run.seconds
+        device_peaks = tuple((run.measured_peak_bytes or {}).items())
+    elif measure:
         with tempfile.TemporaryDirectory() as workdir:
             path = Path(workdir) / "model.onnx"
             onnx.save(result.model, str(path))
@@ -156,6 +168,7 @@ def _point(label: str, result: RematResult, measure: bool, repeats: int) -> Swee
         measured_seconds=measured_seconds,
         device_peak_bytes=tuple((d.name, d.peak_bytes) for d in report.device_usage),
         copies=len(report.copies),
+        measured_device_peak_bytes=device_peaks,
     )
 
 

@@ -12,12 +12,13 @@ moved there before its first segment reading them. The executor drops its refere
 step that reads it.
 
 Time is measured: whole runs after warm-up runs, median over the repeats; per device the time inside its segments,
-the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted, not measured: both engines share
-this process, whose resident set cannot be split by device, and OpenVINO keeps its buffers inside the compiled
-model. A device's peak is the largest, over the steps, of: the parameters its segments read, the tensors the
+the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted here and measured by
+`measure_devices` (a fresh process, the high-water mark reset around every step: `with_measured_peaks`).
+A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
 step reading them, graph outputs to the end), and while a segment runs what it produces and its workspace, by the
-liveness rule of `measure.predicted_activation_peak`.
+liveness rule of `measure.predicted_activation_peak`. The runtimes hold nothing of a segment between its calls
+(`runtimes`: bindings cleared, OpenVINO's request and intermediate memory released), so this is what they use.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -76,7 +77,8 @@ Step = Segment | Handoff
 
 @dataclass(frozen=True)
 class Plan:
-    """The steps in order, the values to drop after each, where each graph output is, and the predicted peaks."""
+    """The steps in order, the values to drop after each, where each graph output is, the predicted peaks and the
+    parameter bytes each device's segments read; `model` is the (shape-inferred) model the plan was built from."""
 
     devices: tuple[Device, ...]
     steps: tuple[Step, ...]
@@ -84,25 +86,33 @@ class Plan:
     outputs: tuple[Key, ...]
     output_names: tuple[str, ...]
     peak_bytes: tuple[int, ...]
+    parameter_bytes: tuple[int, ...]
+    model: onnx.ModelProto
 
 
 @dataclass(frozen=True)
 class DeviceRun:
     """What running a plan gave: the graph outputs, measured seconds (median over repeats) in total, per device and
-    for handoffs, and each device's predicted peak bytes with its budget (None: no budget known)."""
+    for handoffs, each device's predicted and (if asked) measured peak bytes, and its budget (None: none known)."""
 
     outputs: dict[str, np.ndarray]
     seconds: float
     device_seconds: dict[str, float]
     handoff_seconds: float
-    peak_bytes: dict[str, int]
+    predicted_peak_bytes: dict[str, int]
     budgets: dict[str, int | None]
     segments: dict[str, int]
     copies: int
+    measured_peak_bytes: dict[str, int] | None = None
+
+    @property
+    def peak_bytes(self) -> dict[str, int]:
+        """The peaks compared with the budgets: measured if measured, else predicted."""
+        return self.predicted_peak_bytes if self.measured_peak_bytes is None else self.measured_peak_bytes
 
     @property
     def within_budgets(self) -> bool:
-        """Whether every device with a budget peaks within it."""
+        """Whether every device with a budget peaks within it (measured peaks if measured)."""
         return all(budget is None or self.peak_bytes[name] <= budget for name, budget in self.budgets.items())
 
 
@@ -115,17 +125,20 @@ def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
 
 
 def execute(
-    plan: Plan, feeds: dict[str, np.ndarray], repeats: int = 10, budgets: dict[str, int] | None = None
+    plan: Plan,
+    feeds: dict[str, np.ndarray],
+    repeats: int = 10,
+    budgets: dict[str, int] | None = None,
 ) -> DeviceRun:
     """Compile every segment on its device, run the plan to warm up (once, and for WARMUP_SECONDS at least), then
-    `repeats` times timed."""
-    runtimes = [runtime_for(device) for device in plan.devices]
-    calls = [runtimes[s.device].compile(s.model) if isinstance(s, Segment) else None for s in plan.steps]
+    `repeats` times timed. Its peaks are predicted; `measure_devices.with_measured_peaks` adds measured ones."""
+    runtimes, calls = compile_plan(plan)
     started = time.perf_counter()
-    outputs, _ = _run_once(plan, runtimes, calls, feeds)
+    outputs, _ = run_plan(plan, runtimes, calls, feeds)
     while time.perf_counter() - started < WARMUP_SECONDS:
-        _run_once(plan, runtimes, calls, feeds)
-    timings = [_run_once(plan, runtimes, calls, feeds)[1] for _ in range(max(repeats, 1))]
+        run_plan(plan, runtimes, calls, feeds)
+    timings = [run_plan(plan, runtimes, calls, feeds)[1] for _ in range(max(repeats, 1))]
+    del calls, runtimes
     names = [device.name for device in plan.devices]
     per_device = {name: statistics.median(seconds[d] for _, seconds in timings) for d, name in enumerate(names)}
     return DeviceRun(
@@ -133,7 +146,7 @@ def execute(
         seconds=statistics.median(total for total, _ in timings),
         device_seconds=per_device,
         handoff_seconds=statistics.median(total - sum(seconds) for total, seconds in timings),
-        peak_bytes=dict(zip(names, plan.peak_bytes, strict=True)),
+        predicted_peak_bytes=dict(zip(names, plan.peak_bytes, strict=True)),
         budgets={name: (budgets or {}).get(name) for name in names},
         segments={name: sum(isinstance(s, Segment) and s.device == d for s in plan.steps) for d, name in
                   enumerate(names)},
@@ -141,25 +154,57 @@ def execute(
     )
 
 
-def _run_once(
-    plan: Plan, runtimes: list[Runtime], calls: list[Callable[[Values], Values] | None], feeds: dict[str, np.ndarray]
+Call = Callable[[Values], Values]
+
+
+class Probe(Protocol):
+    """Watches a run: `before` a step (a segment's uploads done, its call next; a hand-off's move next) and `after`
+    it (its results held, before the drops), each with the step's index and the values the executor holds."""
+
+    def before(self, index: int, values: dict[Key, Any]) -> None: ...
+
+    def after(self, index: int, values: dict[Key, Any]) -> None: ...
+
+
+def compile_plan(plan: Plan) -> tuple[list[Runtime], list[Call | None]]:
+    """Each device's runtime, and every segment compiled on its device (None for a hand-off)."""
+    runtimes = [runtime_for(device) for device in plan.devices]
+    return runtimes, [runtimes[s.device].compile(s.model) if isinstance(s, Segment) else None for s in plan.steps]
+
+
+def run_plan(
+    plan: Plan,
+    runtimes: list[Runtime],
+    calls: list[Call | None],
+    feeds: dict[str, np.ndarray],
+    probe: Probe | None = None,
 ) -> tuple[dict[str, np.ndarray], tuple[float, list[float]]]:
     """One run of the plan: its graph outputs on the host, and (total seconds, seconds per device)."""
     begin = time.perf_counter()
     values: dict[Key, Any] = {(name, HOST): array for name, array in feeds.items()}
     seconds = [0.0] * len(runtimes)
-    for step, call, drops in zip(plan.steps, calls, plan.drops, strict=True):
+    for index, (step, call, drops) in enumerate(zip(plan.steps, calls, plan.drops, strict=True)):
         if isinstance(step, Segment):
+            assert call is not None
             for name, source in step.uploads:
                 values[(name, step.device)] = _move(values[(name, source)], source, step.device, runtimes)
             inputs = {name: values[(name, step.device)] for name in step.inputs}
+            if probe:
+                probe.before(index, values)
             started = time.perf_counter()
             produced = call(inputs)
             seconds[step.device] += time.perf_counter() - started
+            del inputs
             values.update(((name, step.device), produced[name]) for name in step.outputs)
+            del produced
         else:
+            if probe:
+                probe.before(index, values)
             value = values[(step.source_name, step.source)]
             values[(step.target_name, step.target)] = _move(value, step.source, step.target, runtimes)
+            del value
+        if probe:
+            probe.after(index, values)
         for key in drops:
             del values[key]
     outputs = {
@@ -266,7 +311,9 @@ class _Planner:
                 steps.append(self._segment(group, reads[k], later))
         drops = self._drops(steps, last_read)
         outputs = tuple((name, self.home[name]) for name in self.graph_outputs)
-        return Plan(self.devices, tuple(steps), drops, outputs, tuple(self.graph_outputs), self._peaks(steps, drops))
+        parameters = self._parameter_bytes(steps)
+        return Plan(self.devices, tuple(steps), drops, outputs, tuple(self.graph_outputs),
+                    self._peaks(steps, drops, parameters), parameters, self.model)
 
     def _reads(self, group: list[_Placed]) -> list[str]:
         """The tensors a group reads from outside itself (not parameters), in first-use order."""
@@ -352,13 +399,19 @@ class _Planner:
                     drops[max(k, last_read.get(key[0], k))].append(key)
         return tuple(tuple(keys) for keys in drops)
 
-    def _peaks(self, steps: list[Step], drops: tuple[tuple[Key, ...], ...]) -> tuple[int, ...]:
-        """Each device's predicted peak bytes over the steps (see the module docstring)."""
+    def _parameter_bytes(self, steps: list[Step]) -> tuple[int, ...]:
+        """The bytes of the parameters each device's segments read."""
         parameters = [0] * len(self.devices)
         for device in range(len(self.devices)):
             used = {name for step in steps if isinstance(step, Segment) and step.device == device
                     for node in step.model.graph.node for name in node.input if name in self.initializers}
             parameters[device] = sum(self.infos[name].nbytes for name in used)
+        return tuple(parameters)
+
+    def _peaks(
+        self, steps: list[Step], drops: tuple[tuple[Key, ...], ...], parameters: tuple[int, ...]
+    ) -> tuple[int, ...]:
+        """Each device's predicted peak bytes over the steps (see the module docstring)."""
         held: list[dict[str, int]] = [{} for _ in self.devices]
         peaks = list(parameters)
         for step, dropped in zip(steps, drops, strict=True):

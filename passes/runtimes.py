@@ -1,10 +1,17 @@
 """One device's runtime: compile an ONNX model on it, run it on values resident there, move values to and from host.
 
 onnxruntime: a session per model with the device's execution provider and thread count, in file order and with
-no graph rewriting (`execute.session_options`), run through an IO binding so inputs and outputs stay on the device.
+no graph rewriting (`execute.session_options`), run through an IO binding so inputs and outputs stay on the device;
+the binding is cleared after each call, so it holds no value the executor has let go of.
 OpenVINO: `core.compile_model` on the device (f32 instead of its bf16 default, latency hint, the device's
 INFERENCE_NUM_THREADS). A model is compiled on one device as a whole, so no OpenVINO `affinity` (a HETERO
-setting) is needed. Used to profile operators (cost_profiled) and to run multi-device models (run_devices).
+setting) is needed. A compiled model keeps its intermediate buffers and an infer request its output tensors
+between calls; a schedule frees them, so each call runs a fresh request and then releases the compiled model's
+intermediate memory: a segment's buffers live only while it runs, its outputs as long as the executor holds them
+(measured on a 6-conv chain of 1 MiB tensors: a kept request left 2 MiB resident after the call and its output
+after the executor let go of it; a fresh request with `release_memory` left nothing). It costs time: about 0.1 ms
+a call here, part of the per-call overhead cost_profiled measures.
+Used to profile operators (cost_profiled) and to run multi-device models (run_devices).
 
 `layer_assignment_settings` gives the onnxruntime session option that pins the nodes of a rewritten model to
 devices by their `layer_ann` metadata, for running it in a single onnxruntime session with several providers.
@@ -21,6 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import openvino as ov
+from onnx import helper
 
 from onnx_remat.devices import Device
 from onnx_remat.passes.execute import session_options
@@ -51,6 +59,10 @@ class Runtime(abc.ABC):
     def to_host(self, value: Any) -> np.ndarray:
         """A device value as a numpy array the device may not overwrite."""
 
+    @abc.abstractmethod
+    def nbytes(self, value: Any) -> int:
+        """The bytes of a device value's data."""
+
     def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
         """A call that runs `model` once on the device, its inputs already there (for timing)."""
         run = self.compile(model)
@@ -79,7 +91,10 @@ class OnnxRuntime(Runtime):
             for name in names:  # bound anew every call: a bound output is otherwise overwritten by the next run
                 binding.bind_output(name, self.memory)
             session.run_with_iobinding(binding)
-            return dict(zip(names, binding.get_outputs(), strict=True))
+            outputs = dict(zip(names, binding.get_outputs(), strict=True))
+            binding.clear_binding_inputs()  # the binding would keep inputs and outputs alive until the next call
+            binding.clear_binding_outputs()
+            return outputs
 
         return run
 
@@ -89,11 +104,16 @@ class OnnxRuntime(Runtime):
     def to_host(self, value: ort.OrtValue) -> np.ndarray:
         return np.array(value.numpy())  # numpy() is a view that does not keep a host-backed value alive
 
+    def nbytes(self, value: ort.OrtValue) -> int:
+        itemsize = helper.tensor_dtype_to_np_dtype(value.element_type()).itemsize
+        return int(np.prod(value.shape(), dtype=np.int64)) * itemsize
+
 
 class OpenVino(Runtime):
-    """An OpenVINO compiled model and infer request per model (f32, latency hint, the device's thread limit).
+    """An OpenVINO compiled model per model (f32, latency hint, the device's thread limit); every call a fresh infer
+    request, the compiled model's intermediate memory released after it (see the module docstring).
 
-    An output value is the request's own tensor: valid until the same model runs again."""
+    An output value is its request's tensor, alive as long as a reference to it is."""
 
     def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
@@ -101,14 +121,16 @@ class OpenVino(Runtime):
             config["INFERENCE_NUM_THREADS"] = self.device.threads
         core = _openvino_core()
         compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
-        request = compiled.create_infer_request()
         names = [output.name for output in model.graph.output]
 
         def run(values: Values) -> Values:
+            request = compiled.create_infer_request()
             for name, value in values.items():
                 request.set_tensor(name, value)
             request.infer()
-            return {name: request.get_tensor(name) for name in names}
+            outputs = {name: request.get_tensor(name) for name in names}
+            compiled.release_memory()
+            return outputs
 
         return run
 
@@ -118,6 +140,9 @@ class OpenVino(Runtime):
 
     def to_host(self, value: ov.Tensor) -> np.ndarray:
         return np.array(value.data)
+
+    def nbytes(self, value: ov.Tensor) -> int:
+        return int(value.byte_size)
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from onnx_remat.devices import get_devices
 from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite, tag_budgets
 from onnx_remat.passes.run_devices import Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
@@ -69,7 +70,8 @@ def test_alternating_placement_runs_with_the_original_numbers(mode, block):
     assert result.copies > 10 and min(result.segments.values()) > 5
     assert result.seconds > 0 and all(seconds > 0 for seconds in result.device_seconds.values())
     assert result.seconds >= sum(result.device_seconds.values())
-    assert all(peak > 0 for peak in result.peak_bytes.values())
+    assert all(peak > 0 for peak in result.predicted_peak_bytes.values())
+    assert result.measured_peak_bytes is not None and all(peak > 0 for peak in result.measured_peak_bytes.values())
     assert result.budgets == {"ort-cpu": None, "ov-cpu": None} and result.within_budgets
 
 
@@ -94,11 +96,23 @@ def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
     assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
 
 
-def test_only_a_mixed_schedule_fits_and_its_peaks_stay_within_the_budgets():
+def test_only_a_mixed_schedule_fits_and_runs_with_the_original_numbers():
     """A training chain: each device's budget below what it needs alone; the solver's mixed schedule runs on
-    both engines with the original numbers and every device's peak within its budget."""
+    both engines with the original numbers and every device's predicted peak within its budget."""
+    model, budgets, training = mixed_only(conv_chain(depth=3))
+    feeds = random_feeds(training, seed=0)
+    result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=2, measure_memory=False)
+    assert_same_outputs(result.outputs, training, feeds)
+    assert result.budgets == budgets and result.measured_peak_bytes is None
+    assert result.within_budgets, f"peaks {result.predicted_peak_bytes} over budgets {result.budgets}"
+
+
+def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int], onnx.ModelProto]:
+    """`model` in training, rewritten by the solver for budgets below what each device needs alone (ort-cpu at 98%
+    of its single-device minimum, ov-cpu halfway between its minimum then and its single-device minimum); the
+    budgets, and the training graph before rewriting."""
     devices = get_devices(TWO_ENGINES)
-    prepared = prepare(conv_chain(depth=3), "train")
+    prepared = prepare(model, "train")
     graph, _ = costed_problem(prepared, devices, "analytic")
     problem = graph.problem
     alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
@@ -111,13 +125,33 @@ def test_only_a_mixed_schedule_fits_and_its_peaks_stay_within_the_budgets():
     schedule = solve(mixed, time_limit=30).schedule
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
-    model = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)
-    tag_budgets(model, dict(zip(mixed.devices, mixed.budgets, strict=True)))
-    feeds = random_feeds(prepared.model, seed=0)
-    result = onnx_remat.run_on_devices(model, devices, feeds, repeats=2)
-    assert_same_outputs(result.outputs, prepared.model, feeds)
-    assert result.budgets == dict(zip(mixed.devices, mixed.budgets, strict=True))
-    assert result.within_budgets, f"peaks {result.peak_bytes} over budgets {result.budgets}"
+    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)
+    budgets = dict(zip(mixed.devices, mixed.budgets, strict=True))
+    tag_budgets(rewritten, budgets)
+    return rewritten, budgets, prepared.model
+
+
+def test_measured_peaks_of_a_mixed_only_schedule_stay_within_budget_and_near_the_prediction():
+    """256 KiB tensors (at 64 KiB and below page rounding and heap reuse blur a measurement): each device's
+    measured peak (a fresh process, the high-water mark reset around every step) is within its budget.
+
+    Tolerances against the predicted peak: onnxruntime (arena off) allocates exactly the tensors the prediction
+    counts, so 10% as in test_measure. OpenVINO plans its own memory: it runs elementwise ops in place and has no
+    im2col workspace the prediction counts for a Conv (fewer bytes), but adds layout-reorder buffers around
+    convolutions (more): measured here at 0.8x; the test allows 0.5x to 1.1x, the upper end being what a budget
+    can rely on. The engines keep (almost) nothing between runs: the runtimes release every call's buffers."""
+    model, budgets, training = mixed_only(conv_chain(depth=3, channels=16, size=64))
+    feeds = random_feeds(training, seed=0)
+    result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1)
+    assert_same_outputs(result.outputs, training, feeds)
+    measured, predicted = result.measured_peak_bytes, result.predicted_peak_bytes
+    assert measured is not None and result.budgets == budgets
+    assert all(measured[name] <= budget for name, budget in budgets.items()), f"{measured} over {budgets}"
+    assert result.within_budgets
+    assert measured["ort-cpu"] == pytest.approx(predicted["ort-cpu"], rel=0.1)
+    assert 0.5 * predicted["ov-cpu"] <= measured["ov-cpu"] <= 1.1 * predicted["ov-cpu"]
+    kept = measure_device_peaks(build_plan(model, get_devices(TWO_ENGINES)), feeds, runs=1).kept_bytes
+    assert all(k <= 64 * 1024 for k in kept), f"runtimes kept {kept} bytes between runs"
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +198,7 @@ def test_cli_run(two_device_path, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "per run (median of 2)" in err and "ort-cpu:" in err and "within" in err
+    assert err.count("predicted peak") == 2 and err.count("measured peak") == 2
     assert "largest difference to the whole model in onnxruntime: 0" in err
     with np.load(out) as data:
         assert_same_outputs({name: data[name] for name in data.files}, skip_net(), feeds)

@@ -46,6 +46,32 @@ def test_sweep_on_two_devices_reports_each_devices_peak_within_its_budget() -> N
     assert result.points[-1].copies > 0  # at 70% ort-cpu offloads tensors to ov-cpu
 
 
+def test_measure_on_two_devices_runs_each_devices_segments_on_its_runtime(monkeypatch) -> None:
+    """With several devices `measure` times the multi-device execution (run_on_devices), not onnxruntime alone,
+    and measures each device's peak."""
+    devices = str(Path(__file__).resolve().parent.parent / "devices" / "ort-cpu+ov-cpu.toml")
+    runs = []
+
+    def recording(*args, **kwargs):
+        runs.append(onnx_remat.run_on_devices(*args, **kwargs))
+        return runs[-1]
+
+    def single_runtime(*args, **kwargs):
+        raise AssertionError("a multi-device model was measured in onnxruntime alone")
+
+    monkeypatch.setattr("onnx_remat.sweep.run_on_devices", recording)
+    monkeypatch.setattr("onnx_remat.sweep.median_seconds", single_runtime)
+    monkeypatch.setattr("onnx_remat.sweep.measure_activation_peak", single_runtime)
+    result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic", measure=True,
+                   repeats=1)
+    assert len(runs) == 2
+    for p, run in zip(result.points, runs, strict=True):
+        assert p.measured_seconds == run.seconds > 0 and p.measured_activation_bytes is None
+        assert p.measured_device_peak_bytes == tuple(run.measured_peak_bytes.items())
+        assert [name for name, _ in p.measured_device_peak_bytes] == ["ort-cpu", "ov-cpu"]
+        assert all(peak > 0 for name, peak in p.measured_device_peak_bytes if run.segments[name])
+
+
 def point(budget: int, seconds: float | None, status: str = "optimal") -> SweepPoint:
     return SweepPoint(str(budget), budget, status, 10, 200, seconds, 1.0 if seconds else None)
 

@@ -2,7 +2,8 @@
 
 Each device runs its segments of the model in its own runtime, tensors handed across at the copy nodes
 (onnx_remat.passes.run_devices). Prints the measured time per run (median of --repeats after a warm-up) in total,
-per device and for the hand-offs, and each device's predicted peak memory against its budget.
+per device and for the hand-offs, and each device's peak memory, predicted and measured (in a fresh process, the
+high-water mark reset around every step: onnx_remat.passes.measure_devices), against its budget.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-remat run",
         description="Execute a model written by onnx-remat on its devices: every device's segments in its "
-        "runtime, tensors handed across at the copy nodes; print measured time and predicted peak memory per "
-        "device against its budget.",
+        "runtime, tensors handed across at the copy nodes; print measured time and each device's peak memory, "
+        "predicted and measured, against its budget.",
     )
     parser.add_argument("model", help="a model written by onnx-remat (every node tagged with its device)")
     parser.add_argument(
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help=f"timed runs after a warm-up, median (default {DEFAULT_REPEATS})")
+    parser.add_argument("--no-measure-memory", dest="measure_memory", action="store_false",
+                        help="compare predicted peaks with the budgets, skipping the measurement (which runs the "
+                        "model again in a fresh process)")
     parser.add_argument("--inputs", metavar="FEEDS.npz", help="graph inputs by name (default: random values)")
     parser.add_argument("--outputs", metavar="OUT.npz", help="write the graph outputs by name")
     parser.add_argument("--check", action="store_true",
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         check_output_path(args.outputs, args.model, args.force)
     model = load_model(args.model)
     feeds = input_values(model, _read_feeds(args.inputs) if args.inputs else None)
-    result = run_on_devices(model, args.devices, feeds, args.budget, args.repeats)
+    result = run_on_devices(model, args.devices, feeds, args.budget, args.repeats, args.measure_memory)
     for line in summary_lines(args.model, result, args.repeats):
         console.print(line, highlight=False)
     if args.check:
@@ -84,7 +88,8 @@ def _read_feeds(path: str) -> dict[str, np.ndarray]:
 
 
 def summary_lines(model: str, result: DeviceRun, repeats: int) -> list[str]:
-    """Time per run in total, per device and for hand-offs; each device's peak against its budget."""
+    """Time per run in total, per device and for hand-offs; each device's peaks against its budget (within or over
+    by the measured peak if measured, else by the predicted)."""
     lines = [
         f"ran {model} on {' + '.join(result.device_seconds)}: {sum(result.segments.values())} segments, "
         f"{result.copies} copies; {_ms(result.seconds)} per run (median of {repeats})",
@@ -95,9 +100,12 @@ def summary_lines(model: str, result: DeviceRun, repeats: int) -> list[str]:
         against = "no budget" if budget is None else (
             f"budget {format_bytes(budget)}, {'within' if peak <= budget else 'OVER BUDGET'}"
         )
+        measured = "" if result.measured_peak_bytes is None else (
+            f", measured peak {format_bytes(result.measured_peak_bytes[name])}"
+        )
         lines.append(
-            f"  {name}: {result.segments[name]} segments, {_ms(seconds)}, predicted peak {format_bytes(peak)} "
-            f"({against})"
+            f"  {name}: {result.segments[name]} segments, {_ms(seconds)}, predicted peak "
+            f"{format_bytes(result.predicted_peak_bytes[name])}{measured} ({against})"
         )
     lines.append(f"  hand-offs between devices: {_ms(result.handoff_seconds)}")
     return lines

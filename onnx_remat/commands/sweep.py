@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--measure",
         action="store_true",
-        help="also run each rewritten model in onnxruntime: measured activation peak and time",
+        help="also run each rewritten model: in onnxruntime (one device) the measured activation peak and time; "
+        "on several devices each device's segments on its runtime, the measured time and per-device peaks",
     )
     parser.add_argument(
         "--knee-overhead",
@@ -128,7 +129,10 @@ def table(result: Sweep) -> Table:
     out = Table(title=f"{result.model} ({result.mode}) against budget")
     columns = ["budget", "bytes", "pred. time", "overhead", "recomputes", "pred. peak", "solver"]
     columns += ["copies", *(f"peak {name}" for name in devices)] if several else []
-    columns += ["meas. activations", "pred. activations", "meas. time"] if measured else []
+    if measured and several:
+        columns += ["meas. time", *(f"meas. peak {name}" for name in devices)]
+    elif measured:
+        columns += ["meas. activations", "pred. activations", "meas. time"]
     for column in columns:
         out.add_column(column, justify="left" if column in ("budget", "solver") else "right")
     for i, p in enumerate(result.points):
@@ -149,7 +153,10 @@ def table(result: Sweep) -> Table:
         ]
         if several:
             row += [str(p.copies), *(format_bytes(peak) for _, peak in p.device_peak_bytes)]
-        if measured:
+        if measured and several:
+            peaks = [format_bytes(peak) for _, peak in p.measured_device_peak_bytes]
+            row += [f"{1e3 * p.measured_seconds:.3f} ms", *peaks]
+        elif measured:
             row += [
                 format_bytes(p.measured_activation_bytes),
                 format_bytes(p.predicted_peak_bytes - p.resident_bytes),

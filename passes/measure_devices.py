@@ -1,0 +1,170 @@
+"""Measure each device's peak memory while a multi-device plan runs, in a fresh process.
+
+Both engines share one process, whose resident set (RSS) cannot be split by device as a whole; the steps can be:
+a segment runs on one device, so what the process's memory rises by while it runs is that device's. The child
+(this module run as a script, with `measure.MALLOC_ENV` so that freed tensors leave the resident set at once)
+runs the plan once on throwaway compilations (the engines' one-time initialization), compiles every segment again,
+runs the plan once (the warm-up) and then `runs` times watched step by step (`run_devices.Probe`). Around every
+step it resets the high-water mark (`5` into /proc/self/clear_refs) and reads VmRSS; after it VmHWM. A device's
+measured peak at a step is
+
+    parameter bytes its segments read (`Plan.parameter_bytes`; the engines' own copies of them are not counted)
+  + bytes of the values the executor holds on the device (each value's real size, `Runtime.nbytes`)
+  + what its runtime kept from the warm-up run (below)
+  + for a segment on the device: VmHWM - VmRSS before it (its outputs, intermediates and scratch)
+
+taken as the largest over the steps that touch the device (its segments and the copies into it), the median over
+the watched runs. "Kept" is honest about engines that hold memory between calls: in the warm-up run each segment's
+rise in RSS beyond the outputs it hands over stays resident for every later run, so it is added to its device's
+memory from then on. With the runtimes of `runtimes` (bindings cleared, OpenVINO requests and intermediate memory
+released after each call) it is near zero; a runtime that caches buffers shows up here rather than hiding in the
+resident set before the step. Not counted: the host's part of a copy (the array in host memory while it moves),
+graph inputs held on the host, and the engines' code, graphs and compiled kernels.
+
+Page granularity and allocator slack (blocks below the mmap threshold come from the heap) make tensors under
+64 KiB measure poorly; compare against predictions on models with larger tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnx_remat.devices import Device
+from onnx_remat.passes.measure import MALLOC_ENV
+from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
+from onnx_remat.passes.runtimes import Runtime
+
+_LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
+
+
+@dataclass(frozen=True)
+class MeasuredPeaks:
+    """Per device (in plan order): the measured peak bytes and the bytes its runtime kept between runs."""
+
+    peak_bytes: tuple[int, ...]
+    kept_bytes: tuple[int, ...]
+
+
+def with_measured_peaks(run: DeviceRun, plan: Plan, feeds: dict[str, np.ndarray]) -> DeviceRun:
+    """`run` (of `plan` on `feeds`) with each device's measured peak bytes, which `within_budgets` then goes by."""
+    names = [device.name for device in plan.devices]
+    peaks = measure_device_peaks(plan, feeds).peak_bytes
+    return replace(run, measured_peak_bytes=dict(zip(names, peaks, strict=True)))
+
+
+def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = 3) -> MeasuredPeaks:
+    """Each device's peak bytes while `plan` runs on `feeds`, measured in a fresh process (median of `runs`)."""
+    with tempfile.TemporaryDirectory(prefix="onnx_remat_measure_") as workdir:
+        folder = Path(workdir)
+        _save_model(plan.model, folder / "model.onnx")
+        np.savez(folder / "feeds.npz", **feeds)
+        (folder / "devices.json").write_text(json.dumps([asdict(device) for device in plan.devices]))
+        environment = dict(os.environ, **MALLOC_ENV)
+        done = subprocess.run(
+            [sys.executable, "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
+            capture_output=True, text=True, env=environment,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"measuring device memory failed: {done.stderr.strip()[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    return MeasuredPeaks(tuple(result["peak_bytes"]), tuple(result["kept_bytes"]))
+
+
+def _save_model(model: onnx.ModelProto, path: Path) -> None:
+    if model.ByteSize() < _LARGE_MODEL:
+        onnx.save(model, str(path))
+        return
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # saving as external data rewrites the initializers in place
+    onnx.save(copy, str(path), save_as_external_data=True, location="weights.bin")
+
+
+def _status_bytes(key: str) -> int:
+    """A `kB` field of /proc/self/status, in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _reset_high_water_mark() -> None:
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+class _Watch:
+    """A Probe that measures per device: held bytes, the segment's rise above RSS, and what runtimes keep."""
+
+    def __init__(self, plan: Plan, runtimes: list[Runtime], kept: list[int], learn_kept: bool):
+        self.plan = plan
+        self.runtimes = runtimes
+        self.kept = kept  # per device: bytes kept by its runtime between runs (added to by the warm-up run)
+        self.learn_kept = learn_kept
+        self.peaks = list(plan.parameter_bytes)
+        self.rss_before = 0
+
+    def held(self, values: dict[Key, Any], device: int) -> int:
+        """Bytes of the values held on `device` (never graph inputs on the host: their device is run_devices.HOST)."""
+        runtime = self.runtimes[device]
+        return sum(runtime.nbytes(value) for (_, where), value in values.items() if where == device)
+
+    def before(self, index: int, values: dict[Key, Any]) -> None:
+        _reset_high_water_mark()
+        self.rss_before = _status_bytes("VmRSS")
+        self.held_before = self.held(values, self._device(index))
+
+    def after(self, index: int, values: dict[Key, Any]) -> None:
+        high, now = _status_bytes("VmHWM"), _status_bytes("VmRSS")
+        step = self.plan.steps[index]
+        device = self._device(index)
+        held = self.held(values, device)
+        base = self.plan.parameter_bytes[device] + self.kept[device]
+        if isinstance(step, Segment):
+            self.peaks[device] = max(self.peaks[device], base + self.held_before + high - self.rss_before, base + held)
+            if self.learn_kept:
+                handed_over = held - self.held_before
+                self.kept[device] += max(0, now - self.rss_before - handed_over)
+        else:
+            self.peaks[device] = max(self.peaks[device], base + held)
+
+    def _device(self, index: int) -> int:
+        step = self.plan.steps[index]
+        return step.target if isinstance(step, Handoff) else step.device
+
+
+def _child(folder: Path, runs: int) -> dict[str, list[int]]:
+    """Run once on throwaway compilations (what an engine initializes once per process is not a segment's), compile
+    again, run once learning what runtimes keep, then `runs` watched runs: the median peak per device."""
+    devices = tuple(Device(**fields) for fields in json.loads((folder / "devices.json").read_text()))
+    plan = build_plan(onnx.load(str(folder / "model.onnx")), devices)
+    with np.load(folder / "feeds.npz") as data:
+        feeds = {name: data[name] for name in data.files}
+    run_plan(plan, *compile_plan(plan), feeds)  # on throwaway compilations: the engines' one-time initialization
+    runtimes, calls = compile_plan(plan)
+    kept = [0] * len(devices)
+    run_plan(plan, runtimes, calls, feeds, _Watch(plan, runtimes, kept, learn_kept=True))
+    peaks = []
+    for _ in range(max(runs, 1)):
+        watch = _Watch(plan, runtimes, kept, learn_kept=False)
+        run_plan(plan, runtimes, calls, feeds, watch)
+        peaks.append(watch.peaks)
+    return {
+        "peak_bytes": [int(statistics.median(run[d] for run in peaks)) for d in range(len(devices))],
+        "kept_bytes": kept,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(Path(sys.argv[1]), int(sys.argv[2]))))

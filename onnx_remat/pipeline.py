@@ -156,7 +156,8 @@ def remat(
     if emit_mps:
         write_mps(problem, emit_mps)
     result = solve(problem, solver=solver, time_limit=time_limit, progress=progress)
-    check_schedule(problem, result.schedule)
+    peaks = check_schedule(problem, result.schedule).peak_bytes
+    minima = tuple(min(known, peak) for known, peak in zip(minima, peaks, strict=True))  # the schedule fits its peak
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
     report = build_report(name, mode, problem, minima[0], result)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_remat
 from onnx_remat.devices import get_devices
 from onnx_remat.models import build
-from onnx_remat.passes.execute import executed_node_names, random_feeds, run
+from onnx_remat.passes.execute import executed_node_names, ort_session, random_feeds, run
 from onnx_remat.passes.measure import held_before_run, measure_activation_peak
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.pipeline import TrainingOptions, costed_problem, prepare
@@ -110,3 +110,16 @@ def test_recomputed_training_batch_norm_runs_in_onnxruntime():
     feeds = random_feeds(prepared.model, seed=4)
     for got, want in zip(run(rewritten, feeds), run(prepared.model, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_session_run_twice_gives_the_same_running_statistics():
+    """onnxruntime wrote BatchNorm's updated statistics into the running-statistics initializers in place, so a
+    second run of one session started from the first run's statistics (BatchNorm now reads copies of them)."""
+    result = onnx_remat.remat(build("resnet18", batch=2, resolution=32), "100%", mode="train")
+    feeds = random_feeds(result.model, seed=0)
+    stats = [k for k, o in enumerate(result.model.graph.output) if o.name.endswith(".running_mean_out")]
+    session = ort_session(result.model)
+    first, second = session.run(None, feeds), session.run(None, feeds)
+    assert stats
+    for k in stats:
+        np.testing.assert_array_equal(first[k], second[k])

@@ -63,16 +63,32 @@ def _reject_training(model: onnx.ModelProto) -> None:
 def make_trainable(model: onnx.ModelProto) -> list[str]:
     """Put BatchNorm and Dropout in training mode and give MaxPool its Indices; return running-stat outputs."""
     stats: list[str] = []
+    nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type == "BatchNormalization":
+        if node.domain in ("", "ai.onnx") and node.op_type == "BatchNormalization":
+            nodes += _fresh_running_stats(node)
             stats += _train_batch_norm(node)
-        elif node.op_type == "Dropout":
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Dropout":
             _train_dropout(model.graph, node)
-        elif node.op_type == "MaxPool":
+        elif node.domain in ("", "ai.onnx") and node.op_type == "MaxPool":
             _fill_outputs(node, [".indices"])
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     return stats
+
+
+def _fresh_running_stats(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """Feed the BatchNorm copies of its running mean and variance (single-input Sum nodes), returned to be put
+    before it. onnxruntime 1.32 (graph optimizations off, as onnx_remat runs it) updates the statistics in place
+    into the initializers when their outputs are not graph outputs themselves, so a second run of one session
+    starts from the first run's statistics; a copy takes the write instead."""
+    copies = []
+    for index, suffix in ((3, ".running_mean_in"), (4, ".running_var_in")):
+        fresh = f"{node.name}{suffix}"
+        copies.append(helper.make_node("Sum", [node.input[index]], [fresh], name=fresh))
+        node.input[index] = fresh
+    return copies
 
 
 def _fill_outputs(node: onnx.NodeProto, suffixes: list[str]) -> list[str]:

@@ -112,6 +112,7 @@ def on_device(problem: Problem, device: int) -> Problem:
         resident_bytes=(problem.resident_bytes[device],),
         budgets=(problem.budgets[device],),
         copy_seconds_per_byte=((0.0,),),
+        copy_fixed_seconds=((0.0,),),
     )
 
 

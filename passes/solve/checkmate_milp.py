@@ -23,9 +23,7 @@ the LP relaxation than Checkmate's hazard rows.
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +37,7 @@ import pulp
 from scipy import sparse
 
 from onnx_remat.errors import SolverError
+from onnx_remat.passes.solve.highs_worker import highs_lp, model_arrays, quiet_highs
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Schedule
@@ -349,7 +348,7 @@ def _objective(problem: Problem, b: _Builder, r: np.ndarray, c: np.ndarray, cost
                 b.cost[col] = costs[i] / cost_unit
     for (d, e, _, i), col in np.ndenumerate(c):
         if col >= 0:
-            b.cost[col] = problem.output_bytes[i] * problem.copy_seconds_per_byte[d][e] / cost_unit
+            b.cost[col] = problem.copy_seconds(i, d, e) / cost_unit
 
 
 def _stage_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
@@ -477,7 +476,7 @@ def _limit_rows(
 def write_mps(problem: Problem, path: str | Path) -> None:
     """Write the cost-minimizing MILP of `problem` as an MPS file with readable column names."""
     model = build_model(problem)
-    lp = _highs_lp(model.milp)
+    lp = highs_lp(model_arrays(model.milp))
     lp.col_names_ = column_names(model)
     lp.row_names_ = [f"r{row}" for row in range(lp.num_row_)]
     h = quiet_highs()
@@ -498,118 +497,6 @@ def column_names(model: CheckmateModel) -> list[str]:
     if model.peak_col is not None:
         names[model.peak_col] = "PEAK"
     return names
-
-
-def solve_highs(
-    milp: SparseMilp,
-    time_limit: float | None = None,
-    warm_start: np.ndarray | None = None,
-    progress: MilpProgress | None = None,
-    gaps: tuple[float, float] = (1e-4, 1e-6),
-    stop: threading.Event | None = None,
-) -> MilpOutcome:
-    """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
-
-    Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far)."""
-    h = quiet_highs()
-    h.setOptionValue("threads", 2)
-    h.setOptionValue("random_seed", 0)
-    h.setOptionValue("mip_rel_gap", gaps[0])
-    h.setOptionValue("mip_abs_gap", gaps[1])
-    if time_limit is not None:
-        h.setOptionValue("time_limit", float(time_limit))
-    h.passModel(_highs_lp(milp))
-    if warm_start is not None:
-        h.setSolution(len(warm_start), np.arange(len(warm_start), dtype=np.int32), warm_start.astype(np.float64))
-    if progress is not None:
-        _subscribe_progress(h, progress)
-    if stop is not None:
-        _subscribe_stop(h, stop)
-    h.run()
-    if warm_start is not None and _start_leaked(h, milp):
-        return solve_highs(milp, _remaining(h, time_limit), None, progress, gaps, stop)
-    info = h.getInfo()
-    status = {
-        highspy.HighsModelStatus.kOptimal: "optimal",
-        highspy.HighsModelStatus.kInfeasible: "infeasible",
-        highspy.HighsModelStatus.kInterrupt: "interrupted",
-    }.get(h.getModelStatus(), "time_limit")
-    feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
-    x = np.array(h.getSolution().col_value) if feasible else None
-    bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
-    return MilpOutcome(x, status, bound)
-
-
-def _start_leaked(h: highspy.Highs, milp: SparseMilp) -> bool:
-    """Whether HiGHS handed back the MIP start unchanged though it found better: HiGHS 1.16 maps a start into
-    its presolved space, may finish there with a better objective (and status optimal), and then returns the
-    start's values (seen on 5-operator graphs: objective 6 reported, the returned columns cost 7)."""
-    info = h.getInfo()
-    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return False
-    returned = float(milp.cost @ np.array(h.getSolution().col_value))
-    return returned > info.objective_function_value + 1e-6 * max(1.0, abs(returned))
-
-
-def _remaining(h: highspy.Highs, time_limit: float | None) -> float | None:
-    """What is left of `time_limit` after the run `h` made."""
-    return None if time_limit is None else max(0.01, time_limit - h.getRunTime())
-
-
-def quiet_highs() -> highspy.Highs:
-    """A silent Highs instance. HiGHS 1.16 prints its banner on the C stdout when the process makes its first
-    one, before any option can be set: stdout is pointed at /dev/null meanwhile, so no banner mixes into a
-    command's output."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            h = highspy.Highs()
-            h.setOptionValue("output_flag", False)
-            return h
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _highs_lp(milp: SparseMilp) -> highspy.HighsLp:
-    """The model as a column-wise HighsLp."""
-    matrix = milp.matrix.tocsc()
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = len(milp.cost), len(milp.row_lower)
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = milp.cost, milp.col_lower, milp.col_upper
-    lp.row_lower_, lp.row_upper_ = milp.row_lower, milp.row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = matrix.indptr, matrix.indices, matrix.data
-    kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
-    lp.integrality_ = [kinds[int(flag)] for flag in milp.integer]
-    return lp
-
-
-def _subscribe_progress(h: highspy.Highs, progress: MilpProgress, every: float = 0.5) -> None:
-    """Report (time, incumbent, bound) from HiGHS's MIP callbacks, at most every `every` seconds."""
-    last = [-math.inf]
-
-    def report(event: highspy.cb.HighsCallbackEvent) -> None:
-        out = event.data_out
-        if out.running_time - last[0] >= every:
-            last[0] = out.running_time
-            finite = [v if math.isfinite(v) else None for v in (out.mip_primal_bound, out.mip_dual_bound)]
-            progress(out.running_time, *finite)
-
-    h.cbMipInterrupt.subscribe(report)
-
-
-def _subscribe_stop(h: highspy.Highs, stop: threading.Event) -> None:
-    """Interrupt HiGHS (in the LP, the IPM or the branch and bound) once `stop` is set."""
-
-    def check(event: highspy.cb.HighsCallbackEvent) -> None:
-        if stop.is_set():
-            event.interrupt()
-
-    for callback in (h.cbSimplexInterrupt, h.cbIpmInterrupt, h.cbMipInterrupt):
-        callback.subscribe(check)
 
 
 def solve_cbc(

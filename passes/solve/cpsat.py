@@ -8,26 +8,25 @@ bytes. Costs are scaled to integers rounding down, so CP-SAT's bound stays a bou
 
 OR-Tools bundles its own HiGHS under the same shared-library name as highspy's, so the two cannot be
 loaded into one process (whichever comes second fails on missing symbols): CP-SAT runs in a child
-process, the script cpsat_worker.py, which reads the integer model from a file, streams its progress
-on stdout and writes its answer to a file. Stopping sends the child SIGINT; it stops with its best
-solution.
+process (child.py), the script cpsat_worker.py, which reads the integer model from a file, streams its
+progress on stdout and writes its answer to a file. Stopping sends the child SIGINT; it stops with its
+best solution.
 """
 
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from onnx_remat.errors import SolverError
 from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.child import run_worker
 
 OBJECTIVE_STEPS = 1e7
 """The largest objective coefficient, in CP-SAT's integer units: finer than any cost ratio that matters."""
@@ -131,7 +130,7 @@ def solve_cpsat(
         given, answer = Path(directory) / "model.npz", Path(directory) / "answer.npz"
         model.save(given, None if warm_start is None else model.hint(warm_start), parameters)
         stop = stop or threading.Event()
-        if not _run_worker(given, answer, model.objective_scale, progress, stop):
+        if not run_worker(WORKER, [str(given), str(answer)], answer, _reporter(model, progress), stop, "CP-SAT"):
             return MilpOutcome(None, "interrupted", None)
         with np.load(answer) as found:
             status, values, bound = str(found["status"]), found["values"], float(found["bound"])
@@ -146,36 +145,13 @@ def solve_cpsat(
     return MilpOutcome(x, "interrupted" if stop.is_set() else "time_limit", bound)
 
 
-def _run_worker(
-    given: Path, answer: Path, objective_scale: float, progress: MilpProgress | None, stop: threading.Event
-) -> bool:
-    """Run the worker on `given` until it writes `answer`, reporting its progress and stopping it at `stop`.
-
-    False if it was stopped before it could answer (a Ctrl-C while it starts)."""
+def _reporter(model: IntegerModel, progress: MilpProgress | None) -> Callable[[str], None]:
+    """Parse the worker's "incumbent bound" lines (CP-SAT's integer units) into `progress` calls."""
     start = time.perf_counter()
-    log = answer.with_suffix(".log")
-    command = [sys.executable, str(WORKER), str(given), str(answer)]
-    with log.open("w") as errors, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True) as child:
-        threading.Thread(target=_interrupt_when, args=(stop, child), daemon=True).start()
-        try:
-            for line in child.stdout:
-                values = (float(v) / objective_scale for v in line.split())
-                if progress is not None:
-                    progress(time.perf_counter() - start, *(v if math.isfinite(v) else None for v in values))
-        except BaseException:
-            child.kill()
-            raise
-    if child.returncode == 0 and answer.exists():
-        return True
-    if stop.is_set():
-        return False
-    raise SolverError(f"CP-SAT's worker failed ({child.returncode}): {log.read_text().strip()[-2000:]}")
 
+    def report(line: str) -> None:
+        if progress is not None:
+            values = (float(v) / model.objective_scale for v in line.split())
+            progress(time.perf_counter() - start, *(v if math.isfinite(v) else None for v in values))
 
-def _interrupt_when(stop: threading.Event, child: subprocess.Popen, every: float = 0.1) -> None:
-    """Send `child` SIGINT once `stop` is set, checking every `every` seconds while it runs."""
-    while child.poll() is None:
-        if stop.wait(every):
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT)
-            return
+    return report

@@ -47,11 +47,14 @@ def _placement_costs(problem: Problem, costs: np.ndarray, cheapest: np.ndarray) 
     """[d, i]: the least extra cost of output i being held on device d at a cut (see the module docstring)."""
     devices, n = costs.shape
     copy = np.array(problem.copy_seconds_per_byte, dtype=float)
+    fixed = np.array(problem.copy_fixed_seconds, dtype=float)
     sizes = np.array(problem.output_bytes, dtype=float)
     placement = np.zeros((devices, n))
     for d in range(devices):
-        into = min((copy[s, d] for s in range(devices) if s != d), default=np.inf)
-        copy_in = sizes * into if np.isfinite(into) else np.inf  # one device: no copies (and no 0 * inf)
+        copy_in = np.full(n, np.inf)  # one device: no copies
+        for s in range(devices):
+            if s != d:
+                copy_in = np.minimum(copy_in, fixed[s, d] + sizes * copy[s, d])
         placement[d] = np.minimum(costs[d] - cheapest, copy_in)
     homes = [h for h in range(devices) if np.all(costs[h] <= cheapest)]
     if devices == 2 and homes:
@@ -61,7 +64,7 @@ def _placement_costs(problem: Problem, costs: np.ndarray, cheapest: np.ndarray) 
         for i in range(n):
             readers = problem.successors[i]
             if readers:
-                back = min(sizes[i] * copy[other, home], cheapest[i], shares[list(readers)].min())
+                back = min(problem.copy_seconds(i, other, home), cheapest[i], shares[list(readers)].min())
                 placement[other, i] += back
     return placement
 

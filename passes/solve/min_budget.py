@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.baselines import every_segment_length, on_device, placed, placed_baselines
-from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model, solve_highs
+from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
+from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule

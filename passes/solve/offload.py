@@ -49,7 +49,7 @@ class _Evictor:
             return True
         if self.next_use(op, stage) < 0:
             return False  # nobody reads it any more: a copy would be wasted
-        round_trip = 2 * p.output_bytes[op] * p.copy_seconds_per_byte[self.compute][self.store]
+        round_trip = p.copy_seconds(op, self.compute, self.store) + p.copy_seconds(op, self.store, self.compute)
         if round_trip > p.cost[self.compute][op] and op not in p.graph_outputs:
             return False
         worth = float("inf") if op in p.graph_outputs else self.density(op)
@@ -91,7 +91,7 @@ class _Evictor:
         restore = p.cost[self.compute][op]
         if self.store is not None:
             trips = 1 if op in self.held[self.store] or op in p.graph_outputs else 2
-            restore = min(restore, trips * p.output_bytes[op] * p.copy_seconds_per_byte[self.compute][self.store])
+            restore = min(restore, trips * p.copy_seconds(op, self.compute, self.store))
         return restore / (max(1, p.output_bytes[op]) * (use - stage))
 
     def make_room(self, needed: int, keep: set[int], stage: int) -> bool:

@@ -1,0 +1,68 @@
+"""A solver backend in a child process: start a worker script, stream its stdout lines, stop it on an event.
+
+The backends that run out of process (CP-SAT, HiGHS on larger models) share these mechanics: the worker
+reads its model from a file, prints one line per progress report on stdout and writes its answer to a
+file. Setting `stop` sends it SIGINT, after which it should write its answer with the best it has; a worker
+that has not exited `grace` seconds later (HiGHS in a root LP, which checks no interrupt for tens of
+seconds) is killed, and the caller falls back to what it streamed. A second Ctrl-C in the parent
+(KeyboardInterrupt) kills the worker at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from onnx_remat.errors import SolverError
+
+GRACE = 1.0
+"""Seconds a worker has, after SIGINT, to write its answer and exit before it is killed."""
+
+
+def run_worker(
+    worker: Path,
+    arguments: Sequence[str],
+    answer: Path,
+    on_line: Callable[[str], None],
+    stop: threading.Event,
+    name: str,
+    grace: float = GRACE,
+) -> bool:
+    """Run `python worker *arguments` until it writes `answer`, passing each stdout line to `on_line`.
+
+    True when it answered; False when `stop` ended it before it could (killed after `grace`, or stopped
+    while it started). Raises SolverError if it failed on its own."""
+    log = answer.with_suffix(".log")
+    command = [sys.executable, str(worker), *arguments]
+    killed = threading.Event()
+    with log.open("w") as errors, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True) as child:
+        threading.Thread(target=_stop_when, args=(stop, child, grace, killed), daemon=True).start()
+        try:
+            for line in child.stdout:
+                on_line(line)
+        except BaseException:
+            child.kill()
+            raise
+    if child.returncode == 0 and answer.exists() and not killed.is_set():
+        return True
+    if stop.is_set():
+        return False
+    raise SolverError(f"{name}'s worker failed ({child.returncode}): {log.read_text().strip()[-2000:]}")
+
+
+def _stop_when(stop: threading.Event, child: subprocess.Popen, grace: float, killed: threading.Event) -> None:
+    """Send `child` SIGINT once `stop` is set and kill it if it is still running `grace` seconds later."""
+    while child.poll() is None:
+        if stop.wait(0.1):
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                killed.set()
+                child.kill()
+            return

@@ -1,0 +1,101 @@
+"""The MILP on HiGHS: in this process for small models, in a child process (child.py) for larger ones.
+
+HiGHS checks its interrupt callbacks in the simplex only between iteration batches, and in a large root LP
+not for tens of seconds (measured: a Ctrl-C 8 s into the two-device VGG16 solve was answered after 46-58 s).
+So a model with more than IN_PROCESS_NONZEROS matrix entries is solved by the script highs_worker.py in a
+child process, which streams progress and writes every improving solution as it finds it; `stop` sends the
+child SIGINT and, if it has not answered within child.GRACE seconds, kills it. The outcome is then
+"interrupted" with the best solution it streamed (or none: the caller holds its warm start) and the last
+bound it reported. Small models stay in-process: starting Python with numpy and highspy costs more than
+solving them (0.3-0.6 s on 2 loaded cores, measured), and their LPs reach a callback within milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from onnx_remat.passes.solve import highs_worker
+from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.child import run_worker
+
+WORKER = Path(highs_worker.__file__)
+
+IN_PROCESS_NONZEROS = 20_000
+"""Matrix entries up to which HiGHS runs in this process (see the module docstring)."""
+
+
+def solve_highs(
+    milp: SparseMilp,
+    time_limit: float | None = None,
+    warm_start: np.ndarray | None = None,
+    progress: MilpProgress | None = None,
+    gaps: tuple[float, float] = (1e-4, 1e-6),
+    stop: threading.Event | None = None,
+    in_process: bool | None = None,
+) -> MilpOutcome:
+    """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
+
+    Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far), within
+    about a second. `in_process` forces where HiGHS runs (default: by the model's size)."""
+    deadline = None if time_limit is None else time.time() + time_limit
+    options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1]}
+    stop = stop or threading.Event()
+    if in_process is None:
+        in_process = milp.matrix.nnz <= IN_PROCESS_NONZEROS
+    if in_process:
+        arrays = highs_worker.model_arrays(milp)
+        status, x, bound = highs_worker.run(arrays, options, warm_start, stop, progress, None, deadline)
+        return MilpOutcome(x, status, bound)
+    return _in_child(milp, options, deadline, warm_start, progress, stop)
+
+
+def _in_child(
+    milp: SparseMilp,
+    options: dict[str, float],
+    deadline: float | None,
+    warm_start: np.ndarray | None,
+    progress: MilpProgress | None,
+    stop: threading.Event,
+) -> MilpOutcome:
+    """Run highs_worker.py on the model; killed after a stop, the best solution and bound it streamed."""
+    options = {**options, "deadline": math.nan if deadline is None else deadline}
+    last_bound: list[float | None] = [None]
+
+    def on_line(line: str) -> None:
+        try:
+            seconds, incumbent, bound = (float(v) for v in line.split())
+        except ValueError:  # not a progress line (HiGHS writing to stdout): nothing to report
+            return
+        incumbent, bound = (v if math.isfinite(v) else None for v in (incumbent, bound))
+        last_bound[0] = bound if bound is not None else last_bound[0]
+        if progress is not None:
+            progress(seconds, incumbent, bound)
+
+    with tempfile.TemporaryDirectory() as directory:
+        given, answer = Path(directory) / "model.npz", Path(directory) / "answer.npz"
+        np.savez(
+            given,
+            **highs_worker.model_arrays(milp),
+            warm_start=np.zeros(0) if warm_start is None else warm_start.astype(np.float64),
+            option_names=np.array(list(options)),
+            option_values=np.array(list(options.values()), dtype=float),
+        )
+        if not run_worker(WORKER, [str(given), str(answer)], answer, on_line, stop, "HiGHS"):
+            return MilpOutcome(_best_streamed(milp, answer.with_name("best.npy")), "interrupted", last_bound[0])
+        with np.load(answer) as found:
+            status, x, bound = str(found["status"]), found["x"], float(found["bound"])
+    return MilpOutcome(x if len(x) else None, status, bound if math.isfinite(bound) else None)
+
+
+def _best_streamed(milp: SparseMilp, best: Path) -> np.ndarray | None:
+    """The last improving solution the worker wrote, if it wrote one of the model's size."""
+    if not best.exists():
+        return None
+    x = np.load(best)
+    return x if len(x) == len(milp.cost) else None

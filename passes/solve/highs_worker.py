@@ -1,0 +1,205 @@
+"""HiGHS on a SparseMilp's arrays, in this process or as a child: python highs_worker.py MODEL.npz ANSWER.npz.
+
+`run` solves the arrays of `model_arrays` (the parent runs it in-process for small models). As a script (see
+highs.py for why), it reads those arrays as highs.py saves them, prints "seconds incumbent bound" (model units, nan when
+unknown) on stdout at most every half second, writes every improving solution to BEST.npy beside
+ANSWER.npz (atomically, so a parent that must kill it still has the best found), and finally writes the
+status, the solution and the bound to ANSWER.npz. SIGINT interrupts HiGHS at its next callback. It imports
+highspy and numpy only, never onnx_remat, so it starts quickly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import highspy
+import numpy as np
+
+Report = Callable[[float, float | None, float | None], None]
+"""(seconds, incumbent or None, bound or None), in model units."""
+
+STATUS = {
+    highspy.HighsModelStatus.kOptimal: "optimal",
+    highspy.HighsModelStatus.kInfeasible: "infeasible",
+    highspy.HighsModelStatus.kInterrupt: "interrupted",
+}
+"""Outcome names of HiGHS's model statuses; any other is "time_limit"."""
+
+
+def quiet_highs() -> highspy.Highs:
+    """A silent Highs instance. HiGHS 1.16 prints its banner on the C stdout when the process makes its first
+    one, before any option can be set: stdout is pointed at /dev/null meanwhile, so no banner mixes into a
+    command's output (or a worker's progress lines)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            return h
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def model_arrays(milp: object) -> dict[str, np.ndarray]:
+    """The arrays of a SparseMilp (checkmate_milp.py) that `run` solves: costs, bounds, integrality and the
+    matrix column-wise."""
+    matrix = milp.matrix.tocsc()
+    return {
+        "cost": milp.cost,
+        "col_lower": milp.col_lower,
+        "col_upper": milp.col_upper,
+        "integer": milp.integer,
+        "row_lower": milp.row_lower,
+        "row_upper": milp.row_upper,
+        "start": matrix.indptr.astype(np.int32),
+        "index": matrix.indices.astype(np.int32),
+        "value": matrix.data.astype(np.float64),
+    }
+
+
+def highs_lp(arrays: dict[str, np.ndarray]) -> highspy.HighsLp:
+    """The column-wise HighsLp of a model's arrays (see model_arrays)."""
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(arrays["cost"]), len(arrays["row_lower"])
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = arrays["cost"], arrays["col_lower"], arrays["col_upper"]
+    lp.row_lower_, lp.row_upper_ = arrays["row_lower"], arrays["row_upper"]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_ = arrays["start"], arrays["index"]
+    lp.a_matrix_.value_ = arrays["value"]
+    kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+    lp.integrality_ = [kinds[int(flag)] for flag in arrays["integer"]]
+    return lp
+
+
+def run(
+    arrays: dict[str, np.ndarray],
+    options: dict[str, float],
+    warm_start: np.ndarray | None,
+    stop: threading.Event,
+    report: Report | None = None,
+    improved: Callable[[np.ndarray], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[str, np.ndarray | None, float | None]:
+    """Solve on HiGHS with `options` until optimal, `deadline` (time.time()) or `stop`: status, x, bound.
+
+    `report` gets progress at most every half second; `improved` every improving solution (original space)."""
+    h = quiet_highs()
+    for name, value in options.items():
+        h.setOptionValue(name, int(value) if name in ("threads", "random_seed") else float(value))
+    if deadline is not None:
+        h.setOptionValue("time_limit", max(0.01, deadline - time.time()))
+    h.passModel(highs_lp(arrays))
+    if warm_start is not None:
+        h.setSolution(len(warm_start), np.arange(len(warm_start), dtype=np.int32), warm_start.astype(np.float64))
+    _subscribe(h, stop, report, improved)
+    h.run()
+    if warm_start is not None and start_leaked(h, arrays["cost"]):
+        return run(arrays, options, None, stop, report, improved, deadline)
+    info = h.getInfo()
+    feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    x = np.array(h.getSolution().col_value) if feasible else None
+    bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else None
+    status = STATUS.get(h.getModelStatus(), "time_limit")
+    if stop.is_set() and status == "time_limit":  # interrupted in the LP, HiGHS may say so or not
+        status = "interrupted"
+    return status, x, bound
+
+
+def start_leaked(h: highspy.Highs, cost: np.ndarray) -> bool:
+    """Whether HiGHS handed back the MIP start unchanged though it found better: HiGHS 1.16 maps a start into
+    its presolved space, may finish there with a better objective (and status optimal), and then returns the
+    start's values (seen on 5-operator graphs: objective 6 reported, the returned columns cost 7)."""
+    info = h.getInfo()
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return False
+    returned = float(cost @ np.array(h.getSolution().col_value))
+    return returned > info.objective_function_value + 1e-6 * max(1.0, abs(returned))
+
+
+def _subscribe(
+    h: highspy.Highs,
+    stop: threading.Event,
+    report: Report | None,
+    improved: Callable[[np.ndarray], None] | None,
+    every: float = 0.5,
+) -> None:
+    """Interrupt HiGHS (LP, IPM, branch and bound) once `stop` is set; report progress and improving solutions."""
+    last = [-math.inf]
+
+    def check(event: highspy.cb.HighsCallbackEvent) -> None:
+        if stop.is_set():
+            event.interrupt()
+
+    def progress(event: highspy.cb.HighsCallbackEvent) -> None:
+        check(event)
+        out = event.data_out
+        if report is not None and out.running_time - last[0] >= every:
+            last[0] = out.running_time
+            finite = [v if math.isfinite(v) else None for v in (out.mip_primal_bound, out.mip_dual_bound)]
+            report(out.running_time, *finite)
+
+    def solution(event: highspy.cb.HighsCallbackEvent) -> None:
+        improved(np.array(event.data_out.mip_solution, dtype=np.float64))
+
+    h.cbSimplexInterrupt.subscribe(check)
+    h.cbIpmInterrupt.subscribe(check)
+    h.cbMipInterrupt.subscribe(progress)
+    if improved is not None:
+        h.cbMipImprovingSolution.subscribe(solution)
+
+
+def main(given: str, answer: str) -> None:
+    """Solve the model in `given`, streaming progress and improving solutions, and write the answer."""
+    stop = _stop_at_interrupt()
+    with np.load(given) as data:
+        arrays = {name: data[name] for name in data.files}
+    options = dict(zip(arrays.pop("option_names").tolist(), arrays.pop("option_values").tolist(), strict=True))
+    deadline = options.pop("deadline", math.nan)
+    warm = arrays.pop("warm_start")
+    best = Path(answer).with_name("best.npy")
+
+    def report(seconds: float, incumbent: float | None, bound: float | None) -> None:
+        print(seconds, math.nan if incumbent is None else incumbent, math.nan if bound is None else bound, flush=True)
+
+    def improved(x: np.ndarray) -> None:
+        partial = best.with_name("best.partial.npy")
+        np.save(partial, x)
+        os.replace(partial, best)
+
+    status, x, bound = run(
+        arrays, options, warm if len(warm) else None, stop, report, improved, None if math.isnan(deadline) else deadline
+    )
+    values = np.zeros(0) if x is None else x
+    np.savez(answer, status=status, x=values, bound=math.nan if bound is None else bound)
+
+
+def _stop_at_interrupt() -> threading.Event:
+    """An event set at SIGINT, from a thread reading Python's signal wakeup pipe: Python's own handlers only
+    run once the main thread runs Python again, which HiGHS in a root LP may not let it do for tens of
+    seconds, but the wakeup byte is written at once, whichever thread the signal lands on."""
+    stop = threading.Event()
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def wait() -> None:
+        os.read(read, 1)
+        stop.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return stop
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -89,7 +89,7 @@ def copies(problem: Problem, schedule: Schedule) -> tuple[CopyRecord, ...]:
             source=problem.devices[event.source],
             target=problem.devices[event.target],
             bytes=problem.output_bytes[event.op],
-            seconds=problem.output_bytes[event.op] * problem.copy_seconds_per_byte[event.source][event.target],
+            seconds=problem.copy_seconds(event.op, event.source, event.target),
         )
         for event in schedule.events
         if isinstance(event, Copy)
@@ -111,8 +111,7 @@ def device_usage(problem: Problem, schedule: Schedule) -> tuple[DeviceUsage, ...
             reruns[event.device] += event.op in seen
             seen.add(event.op)
         elif isinstance(event, Copy):
-            size = problem.output_bytes[event.op]
-            copy_seconds[event.target] += size * problem.copy_seconds_per_byte[event.source][event.target]
+            copy_seconds[event.target] += problem.copy_seconds(event.op, event.source, event.target)
     return tuple(
         DeviceUsage(
             name=name,

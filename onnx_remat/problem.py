@@ -20,7 +20,9 @@ class Problem:
     - `resident_bytes[d]`: memory held on device d for the whole run (parameters, graph inputs).
     - `budgets[d]`: bytes device d may hold at any moment, resident memory included.
     - `graph_outputs`: operators whose output must be held (on any device) at the end.
-    - `copy_seconds_per_byte[d][e]`: cost of moving one byte from device d to device e.
+    - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to
+      device e costs `fixed + per_byte * b` seconds (`copy_seconds`); the fixed part is what every hand-off
+      pays whatever its size (a runtime call on e, moving the tensor across). Default no fixed part.
     """
 
     op_names: tuple[str, ...]
@@ -33,11 +35,14 @@ class Problem:
     devices: tuple[str, ...] = ("cpu",)
     workspace_bytes: tuple[int, ...] = field(default=())
     copy_seconds_per_byte: tuple[tuple[float, ...], ...] = field(default=((0.0,),))
+    copy_fixed_seconds: tuple[tuple[float, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
         if not self.workspace_bytes:
             object.__setattr__(self, "workspace_bytes", (0,) * n)
+        if not self.copy_fixed_seconds:
+            object.__setattr__(self, "copy_fixed_seconds", tuple((0.0,) * len(self.devices) for _ in self.devices))
         for name, value in (("output_bytes", self.output_bytes), ("workspace_bytes", self.workspace_bytes)):
             if len(value) != n:
                 raise ValueError(f"{name} has {len(value)} entries for {n} operators")
@@ -46,6 +51,10 @@ class Problem:
             raise ValueError("cost must be devices x operators")
         if len(self.budgets) != d or len(self.resident_bytes) != d:
             raise ValueError("budgets and resident_bytes need one entry per device")
+        for name, matrix in (("copy_seconds_per_byte", self.copy_seconds_per_byte),
+                             ("copy_fixed_seconds", self.copy_fixed_seconds)):
+            if len(matrix) != d or any(len(row) != d for row in matrix):
+                raise ValueError(f"{name} must be devices x devices")
         for u, v in self.edges:
             if not 0 <= u < v < n:
                 raise ValueError(f"edge ({u}, {v}) is not forward in the topological order")
@@ -73,6 +82,11 @@ class Problem:
         for u, v in self.edges:
             succs[u].append(v)
         return tuple(tuple(sorted(set(s))) for s in succs)
+
+    def copy_seconds(self, op: int, source: int, target: int) -> float:
+        """Seconds to move operator `op`'s output from device `source` to device `target`."""
+        fixed = self.copy_fixed_seconds[source][target]
+        return fixed + self.output_bytes[op] * self.copy_seconds_per_byte[source][target]
 
     def keep_all_bytes(self, device: int = 0) -> int:
         """The paper's 100%: resident memory plus every operator output held at once, plus the largest

@@ -7,6 +7,7 @@ Format (version 1), one JSON object; every key is required, no other key is allo
       "version": 1,
       "devices": [{"name": "cpu", "resident_bytes": 1024, "budget_bytes": 4096}, ...],
       "copy_seconds_per_byte": [[0.0, 1e-10], [1e-10, 0.0]],
+      "copy_fixed_seconds": [[0.0, 2e-5], [2e-5, 0.0]],
       "operators": [
         {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0}, ...
       ],
@@ -16,7 +17,8 @@ Format (version 1), one JSON object; every key is required, no other key is allo
 
 - `devices[d]`: the device's name, the bytes it holds for the whole run (parameters, graph inputs) and its
   budget: the bytes it may hold at any moment, resident bytes included.
-- `copy_seconds_per_byte[d][e]`: seconds to move one byte from device d to device e (a devices x devices matrix).
+- `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to device e
+  takes `fixed + per_byte * b` seconds (devices x devices matrices; the fixed part is paid by every hand-off).
 - `operators[i]`, in a topological order: `seconds[d]` to run it on device d (one entry per device), the bytes
   of its output, and the transient bytes it needs while it runs.
 - `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
@@ -39,7 +41,9 @@ from onnx_remat.problem import Problem
 
 FORMAT = "onnx-remat-problem"
 VERSION = 1
-_TOP_KEYS = ("format", "version", "devices", "copy_seconds_per_byte", "operators", "edges", "graph_outputs")
+_TOP_KEYS = (
+    "format", "version", "devices", "copy_seconds_per_byte", "copy_fixed_seconds", "operators", "edges", "graph_outputs"
+)
 _DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
 _OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
 
@@ -54,6 +58,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
             for name, resident, budget in zip(problem.devices, problem.resident_bytes, problem.budgets, strict=True)
         ],
         "copy_seconds_per_byte": [list(row) for row in problem.copy_seconds_per_byte],
+        "copy_fixed_seconds": [list(row) for row in problem.copy_fixed_seconds],
         "operators": [
             {
                 "name": problem.op_names[i],
@@ -105,6 +110,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         raise ModelError(f"{where}: device names {names} repeat: give each device its own name")
     count = len(devices)
     copy = _matrix(top["copy_seconds_per_byte"], count, f"{where}: copy_seconds_per_byte")
+    fixed = _matrix(top["copy_fixed_seconds"], count, f"{where}: copy_fixed_seconds")
     operators = [
         _object(op, f"{where}: operators[{i}]", _OPERATOR_KEYS) for i, op in enumerate(_list(top, "operators", where))
     ]
@@ -131,6 +137,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
             _bytes(op["workspace_bytes"], f"{where}: operators[{i}].workspace_bytes") for i, op in enumerate(operators)
         ),
         copy_seconds_per_byte=copy,
+        copy_fixed_seconds=fixed,
     )
 
 

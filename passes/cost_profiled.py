@@ -72,7 +72,7 @@ class ProfiledCosts:
     from_cache: bool = False
 
     def apply(self, problem: Problem) -> Problem:
-        """`problem` with these costs and per-byte copy costs, matched to its devices by name."""
+        """`problem` with these costs and copy costs (fixed and per byte), matched to its devices by name."""
         missing = [d for d in problem.devices if d not in self.cost]
         if missing:
             raise ValueError(f"no profiled costs for device {missing[0]!r} (profiled: {', '.join(self.devices)})")
@@ -84,6 +84,7 @@ class ProfiledCosts:
             problem,
             cost=tuple(self.cost[d] for d in problem.devices),
             copy_seconds_per_byte=tuple(tuple(self.copy_seconds_per_byte[i][j] for j in index) for i in index),
+            copy_fixed_seconds=tuple(tuple(self.copy_fixed_seconds[i][j] for j in index) for i in index),
         )
 
     def to_json(self) -> dict[str, Any]:

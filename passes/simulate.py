@@ -104,7 +104,7 @@ class _Replay:
         self.held[event.target].add(event.op)
         self.memory[event.target] += size
         self.peak[event.target] = max(self.peak[event.target], self.memory[event.target])
-        self.copy_cost += size * self.problem.copy_seconds_per_byte[event.source][event.target]
+        self.copy_cost += self.problem.copy_seconds(event.op, event.source, event.target)
 
     def record(self) -> None:
         for device, memory in enumerate(self.memory):

@@ -127,5 +127,6 @@ def test_apply_puts_measured_costs_into_a_problem(model, measured):
     problem = costs.apply(graph.problem)
     assert problem.cost == (costs.cost["ov-cpu"], costs.cost["ort-cpu"])
     assert problem.copy_seconds_per_byte[0][1] == costs.copy_seconds_per_byte[1][0]
+    assert problem.copy_fixed_seconds[0][1] == costs.copy_fixed_seconds[1][0] > 0
     with pytest.raises(ValueError, match="no profiled costs for device 'gpu'"):
         costs.apply(build_problem(model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)

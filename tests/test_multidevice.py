@@ -20,8 +20,10 @@ from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy
 
 
-def problem(edges, sizes, costs, budgets, copy=0.1, outputs=None, workspace=None, resident=None) -> Problem:
-    """Operators 0..n-1 on len(costs) devices; `copy` seconds per byte between any two devices."""
+def problem(
+    edges, sizes, costs, budgets, copy=0.1, outputs=None, workspace=None, resident=None, fixed=0.0
+) -> Problem:
+    """Operators 0..n-1 on len(costs) devices; `copy` seconds per byte plus `fixed` per copy between any two."""
     n, devices = len(sizes), len(costs)
     return Problem(
         op_names=tuple(f"op{i}" for i in range(n)),
@@ -34,6 +36,7 @@ def problem(edges, sizes, costs, budgets, copy=0.1, outputs=None, workspace=None
         devices=tuple(f"dev{d}" for d in range(devices)),
         workspace_bytes=tuple(workspace or ()),
         copy_seconds_per_byte=tuple(tuple(0.0 if d == e else copy for e in range(devices)) for d in range(devices)),
+        copy_fixed_seconds=tuple(tuple(0.0 if d == e else fixed for e in range(devices)) for d in range(devices)),
     )
 
 
@@ -134,7 +137,8 @@ def two_device_problems(draw) -> Problem:
     keep = simulate(single, keep_all(single)).peak_bytes[0]
     step = max(step_bytes(single, v) for v in range(n))
     budgets = [int(step + (keep - step) * draw(st.floats(0.0, 1.0))) for _ in range(2)]
-    return problem(edges, sizes, costs, budgets, copy=draw(st.sampled_from([0.0, 0.05, 0.5])))
+    copy, fixed = draw(st.sampled_from([0.0, 0.05, 0.5])), draw(st.sampled_from([0.0, 0.0, 1.5]))
+    return problem(edges, sizes, costs, budgets, copy=copy, fixed=fixed)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

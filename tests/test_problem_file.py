@@ -32,6 +32,8 @@ def problems(draw) -> Problem:
         workspace_bytes=tuple(draw(st.lists(st.integers(0, 2**20), min_size=n, max_size=n))),
         copy_seconds_per_byte=tuple(tuple(draw(st.lists(seconds, min_size=devices, max_size=devices)))
                                     for _ in range(devices)),
+        copy_fixed_seconds=tuple(tuple(draw(st.lists(seconds, min_size=devices, max_size=devices)))
+                                 for _ in range(devices)),
     )  # fmt: skip
 
 
@@ -83,6 +85,7 @@ def broken(change) -> dict:
         (broken(lambda d: d.update(edges=[[0, 7]])), r"edges\[0\] must be an operator index in 0..2"),
         (broken(lambda d: d.update(graph_outputs=[True])), "operator index"),
         (broken(lambda d: d.update(copy_seconds_per_byte=[[0.0]])), "2 x 2"),
+        (broken(lambda d: d.pop("copy_fixed_seconds")), "lacks 'copy_fixed_seconds'"),
         ([1, 2], "must be a JSON object"),
     ],
 )

@@ -191,9 +191,10 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
         node.input[:] = [renames.get(name, name) for name in node.input]
         node.output[:] = [renames.get(name, name) for name in node.output]
     graph_outputs = {o.name for o in model.graph.output}
-    nodes = _without_unread_copies(emitter.nodes, graph_outputs)
-    _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model))
     origin = {renames.get(name, name): base for name, base in emitter.origin.items()}
+    needed = {name for node in model.graph.node for name in node.input} | graph_outputs
+    nodes = _without_dead_instances(emitter.nodes, graph_outputs, origin, needed)
+    _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model), origin, needed)
     out = ModelProto()
     out.CopyFrom(model)
     devices = emitter.device_names
@@ -206,15 +207,34 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
     return out
 
 
-def _without_unread_copies(nodes: list[NodeProto], graph_outputs: set[str]) -> list[NodeProto]:
-    """`nodes` less the copies whose output no node reads and no graph output is (a copy moves every tensor
-    of an operator, some of which the target may not need), until none is left."""
+def _without_dead_instances(
+    nodes: list[NodeProto], graph_outputs: set[str], origin: dict[str, str], needed: set[str]
+) -> list[NodeProto]:
+    """`nodes` less, until none is left, the copies whose output no node reads and no graph output is (a copy
+    moves every tensor of an operator, some of which the target may not need), and the nodes of an operator
+    instance whose every output goes unread while another node of the instance is read and the source model
+    reads the original tensors: a conv gradient recomputed for its input gradient loses its weight-gradient
+    nodes. onnxruntime would hold their outputs until the run ends, which the problem (an instance's outputs
+    freed when the schedule frees them) does not count. An instance nobody reads at all is the schedule's
+    choice and stays."""
     while True:
         read = {name for node in nodes for name in node.input} | graph_outputs
-        kept = [node for node in nodes if _meta(node, "role") != "copy" or node.output[0] in read]
+        dead = [_dead(node, read, origin, needed) for node in nodes]
+        serving = {_meta(node, "step") for node, d in zip(nodes, dead, strict=True)
+                   if not d and _meta(node, "role") != "copy"}
+        kept = [node for node, d in zip(nodes, dead, strict=True)
+                if not d or (_meta(node, "role") != "copy" and _meta(node, "step") not in serving)]
         if len(kept) == len(nodes):
             return nodes
         nodes = kept
+
+
+def _dead(node: NodeProto, read: set[str], origin: dict[str, str], needed: set[str]) -> bool:
+    """Whether no output of `node` is read (a node that is no copy: and each stands for one the source reads)."""
+    if _meta(node, "role") == "copy":
+        return node.output[0] not in read
+    outputs = [name for name in node.output if name]
+    return bool(outputs) and all(name not in read and origin.get(name, name) in needed for name in outputs)
 
 
 def _set_device_configurations(model: ModelProto, devices: tuple[str, ...]) -> None:
@@ -245,19 +265,23 @@ def _opsets(model: ModelProto) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
 
 
-def _drop_unread_optional_outputs(nodes: list[NodeProto], graph_outputs: set[str], opsets: dict[str, int]) -> None:
+def _drop_unread_optional_outputs(
+    nodes: list[NodeProto], graph_outputs: set[str], opsets: dict[str, int], origin: dict[str, str], needed: set[str]
+) -> None:
     """Blank the optional outputs no node reads on recomputations (a BatchNorm's running statistics, a
-    Dropout mask): onnxruntime holds an unread output until the run ends, which would undo the remat.
-    A training-mode BatchNormalization keeps its running statistics (two channel-sized vectors): onnxruntime 1.32
-    requires all three outputs then, and a run with them blank crashes (SIGSEGV)."""
+    Dropout mask), and on first computations where a later instance serves the readers (a MaxPool's indices
+    read by its gradient from a recomputation): onnxruntime holds an unread output until the run ends, which
+    would undo the remat. A training-mode BatchNormalization keeps its running statistics (two channel-sized
+    vectors): onnxruntime 1.32 requires all three outputs then, and a run with them blank crashes (SIGSEGV)."""
     read = {name for node in nodes for name in node.input} | graph_outputs
     for node in nodes:
         unread = [name for name in node.output if name and name not in read]
-        if not unread or not _is_recompute(node) or not defs.has(node.op_type, node.domain) or _trains(node):
+        if not unread or not defs.has(node.op_type, node.domain) or _trains(node):
             continue
         schema = defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
         for index, name in enumerate(node.output):
-            if name and name not in read and _is_optional(schema, index):
+            served_elsewhere = _is_recompute(node) or origin.get(name, name) in needed
+            if name and name not in read and served_elsewhere and _is_optional(schema, index):
                 node.output[index] = ""
 
 

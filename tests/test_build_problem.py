@@ -1,0 +1,92 @@
+"""The problem's memory model against the node-level liveness the executor sees, on grouped training graphs.
+
+The solver simulates a schedule on the problem (a group's exported outputs held from its computation to their
+Free, its internal tensors and scratch as workspace); onnxruntime runs the rewritten graph node by node
+(`predicted_activation_peak`). The problem must never predict less, or a schedule within budget runs over it.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from onnx_remat.devices import get_devices
+from onnx_remat.models import FIXTURES, build
+from onnx_remat.passes.measure import held_before_run, predicted_activation_peak
+from onnx_remat.passes.rewrite import rewrite
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve.baselines import chen_segments, chen_sqrt_n, frontier_only, keep_all
+from onnx_remat.pipeline import costed_problem, prepare
+
+MODELS = {
+    "vgg16": lambda: build("vgg16", batch=1, resolution=32),
+    "resnet18_small": lambda: onnx.load(str(FIXTURES / "resnet18_small.onnx")),
+}
+SCHEDULES = {
+    "keep-all": keep_all,
+    "chen-sqrt-n": chen_sqrt_n,
+    "segments-3": lambda problem: chen_segments(problem, 3),
+    "frontier-only": frontier_only,
+}
+# Schedules whose recomputations still leave an unread non-optional output (a recomputed MaxPool's values when only
+# its indices are read, one half of a recomputed Split) that onnxruntime holds to the end: not modelled yet.
+KNOWN_UNDERCOUNTS = {("vgg16", "chen-sqrt-n"), ("vgg16", "segments-3")}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def grouped(request):
+    prepared = prepare(MODELS[request.param](), "train")
+    graph, _ = costed_problem(prepared, get_devices(None))
+    assert prepared.groups and any(len(group) > 1 for group in prepared.groups)
+    return request.param, prepared, graph
+
+
+def peaks(prepared, graph, schedule) -> tuple[int, int]:
+    """The schedule's activation peak as the problem simulates it and as the rewritten graph runs node by node."""
+    problem = graph.problem
+    model = rewrite(prepared.inferred, graph.opmap, schedule, problem.devices)
+    return simulate(problem, schedule).peak_bytes[0] - held_before_run(model), predicted_activation_peak(model)
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_problem_peak_bounds_the_node_level_peak(grouped, schedule, request):
+    name, prepared, graph = grouped
+    if (name, schedule) in KNOWN_UNDERCOUNTS:
+        reason = "unread non-optional outputs of recomputations are held to the end"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    simulated, node_level = peaks(prepared, graph, SCHEDULES[schedule](graph.problem))
+    assert simulated >= node_level
+    assert simulated <= 1.5 * node_level
+
+
+def test_keep_all_peak_is_close_to_the_node_level_peak(grouped):
+    _, prepared, graph = grouped
+    simulated, node_level = peaks(prepared, graph, keep_all(graph.problem))
+    assert node_level <= simulated <= 1.03 * node_level
+
+
+def test_recomputed_groups_leave_no_unread_tensors_behind(grouped):
+    """A conv gradient recomputed for its input gradient must not also compute its weight gradient, which nobody
+    would read and onnxruntime would hold to the end of the run (14x the problem's peak on VGG16 frontier-only)."""
+    _, prepared, graph = grouped
+    model = rewrite(prepared.inferred, graph.opmap, frontier_only(graph.problem), graph.problem.devices)
+    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    source = prepared.inferred.graph
+    originally_read = {name for node in source.node for name in node.input} | {o.name for o in source.output}
+    by_step: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        by_step.setdefault(step_of(node), []).append(node)
+    partly_dead = [
+        node.name for nodes in by_step.values() if any(is_read(node, read) for node in nodes)
+        for node in nodes
+        if not is_read(node, read) and all(name.split("__remat")[0] in originally_read for name in node.output if name)
+    ]
+    assert partly_dead == []
+
+
+def step_of(node: onnx.NodeProto) -> str:
+    return next(p.value for p in node.metadata_props if p.key == "onnx_remat.step")
+
+
+def is_read(node: onnx.NodeProto, read: set[str]) -> bool:
+    return any(name in read for name in node.output if name)

@@ -71,13 +71,19 @@ def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = N
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak"])
 
 
-def _status_bytes(key: str) -> int:
+def status_bytes(key: str) -> int:
     """A `kB` field of /proc/self/status, in bytes."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+def reset_high_water_mark() -> None:
+    """Make this process's VmHWM start again from its current resident set."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
 
 
 def _child(model_path: str, threads: int) -> int:
@@ -89,11 +95,10 @@ def _child(model_path: str, threads: int) -> int:
     feeds = random_feeds(onnx.load(model_path, load_external_data=False), seed=0)
     session = ort_session(model_path, threads=threads)
     session.run(None, feeds)
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    before = _status_bytes("VmRSS")
+    reset_high_water_mark()
+    before = status_bytes("VmRSS")
     session.run(None, feeds)
-    return _status_bytes("VmHWM") - before
+    return status_bytes("VmHWM") - before
 
 
 if __name__ == "__main__":

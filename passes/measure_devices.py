@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 
 from onnx_remat.devices import Device
-from onnx_remat.passes.measure import MALLOC_ENV
+from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
 
@@ -90,20 +90,6 @@ def _save_model(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(copy, str(path), save_as_external_data=True, location="weights.bin")
 
 
-def _status_bytes(key: str) -> int:
-    """A `kB` field of /proc/self/status, in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_high_water_mark() -> None:
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-
-
 class _Watch:
     """A Probe that measures per device: held bytes, the segment's rise above RSS, and what runtimes keep."""
 
@@ -121,12 +107,12 @@ class _Watch:
         return sum(runtime.nbytes(value) for (_, where), value in values.items() if where == device)
 
     def before(self, index: int, values: dict[Key, Any]) -> None:
-        _reset_high_water_mark()
-        self.rss_before = _status_bytes("VmRSS")
+        reset_high_water_mark()
+        self.rss_before = status_bytes("VmRSS")
         self.held_before = self.held(values, self._device(index))
 
     def after(self, index: int, values: dict[Key, Any]) -> None:
-        high, now = _status_bytes("VmHWM"), _status_bytes("VmRSS")
+        high, now = status_bytes("VmHWM"), status_bytes("VmRSS")
         step = self.plan.steps[index]
         device = self._device(index)
         held = self.held(values, device)

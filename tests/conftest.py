@@ -7,6 +7,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_remat.budget import Budget
+from onnx_remat.passes.solve.baselines import on_device
+from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.pipeline import with_budgets
+from onnx_remat.problem import Problem
+
 
 def conv_chain(depth: int = 6, channels: int = 8, size: int = 16, batch: int | str = 1) -> onnx.ModelProto:
     """Conv+Relu blocks in a chain: no skip, so keep-all order frees as it goes."""
@@ -66,3 +72,17 @@ def skip_path(tmp_path):
     path = tmp_path / "skip.onnx"
     onnx.save(skip_net(), path)
     return path
+
+
+def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:
+    """`problem` (two devices) with budgets below what each device needs alone: the first at 98% of its
+    single-device minimum, the second halfway between its minimum then and its single-device minimum; and those
+    single-device minima."""
+    alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
+    names = problem.devices
+    first = Budget(absolute_bytes=int(0.98 * alone[0]))
+    _, minima = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)})
+    assert minima[1] < alone[1]
+    second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
+    mixed, _ = with_budgets(problem, {names[0]: first, names[1]: second})
+    return mixed, alone

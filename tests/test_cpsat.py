@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_multidevice import checked, two_device_problems
-from test_solver import brute_force, tiny_problems, training_chain, unet, with_budget
+from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, unet, with_budget
 
 from onnx_remat.errors import InfeasibleBudgetError
 from onnx_remat.passes.simulate import simulate
@@ -28,9 +28,7 @@ def half_budget(graph: Problem) -> Problem:
 @QUICK
 @given(tiny_problems(max_ops=6), st.floats(0.0, 1.0))
 def test_cpsat_matches_brute_force_and_highs(problem: Problem, fraction: float):
-    minimum = brute_force(problem, "peak")
-    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
-    problem = with_budget(problem, int(minimum + fraction * (keep_peak - minimum)))
+    problem = between_minimum_and_keep_all(problem, fraction)
     cpsat = checked(problem, solve(problem, "cpsat"))
     assert cpsat.status == "optimal" and cpsat.gap <= 1e-3
     assert cpsat.model_objective == pytest.approx(brute_force(problem, "cost", problem.budgets[0]))

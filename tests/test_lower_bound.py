@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_multidevice import problem as two_device
 from test_multidevice import two_device_problems
-from test_solver import brute_force, tiny_problems, training_chain, unet, with_budget
+from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, unet, with_budget
 
 from onnx_remat.errors import InfeasibleBudgetError
 from onnx_remat.passes.simulate import simulate
@@ -23,9 +23,7 @@ MANY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 @MANY
 @given(tiny_problems(max_ops=7), st.floats(0.0, 1.0))
 def test_cut_bound_is_below_the_brute_force_optimum(problem: Problem, fraction: float):
-    minimum = brute_force(problem, "peak")
-    keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
-    problem = with_budget(problem, int(minimum + fraction * (keep_peak - minimum)))
+    problem = between_minimum_and_keep_all(problem, fraction)
     assert sum(problem.cost[0]) <= cut_lower_bound(problem) <= brute_force(problem, "cost", problem.budgets[0]) + 1e-9
 
 

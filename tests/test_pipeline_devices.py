@@ -8,20 +8,17 @@ import highspy
 import numpy as np
 import onnx
 import pytest
-from conftest import conv_chain, skip_net
+from conftest import conv_chain, mixed_only_budgets, skip_net
 
 import onnx_remat
-from onnx_remat.budget import Budget
 from onnx_remat.cli import main
 from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.solve import solve
-from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.checkmate_milp import build_model
-from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import costed_problem, prepare, with_budgets
+from onnx_remat.pipeline import costed_problem, prepare
 from onnx_remat.problem_file import read_problem
 from onnx_remat.schedule import Compute
 
@@ -132,12 +129,7 @@ def test_mixed_budgets_below_each_single_device_minimum(cache):
     devices = get_devices(TWO_ENGINES)
     prepared = prepare(conv_chain(depth=3), "train")
     problem = costed_problem(prepared, devices, "profiled", cache)[0].problem
-    alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
-    first = Budget(absolute_bytes=int(0.98 * alone[0]))
-    _, minima = with_budgets(problem, {"ort-cpu": first, "ov-cpu": Budget(minimum=True)})
-    assert minima[1] < alone[1]
-    second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
-    mixed, _ = with_budgets(problem, {"ort-cpu": first, "ov-cpu": second})
+    mixed, _ = mixed_only_budgets(problem)
     result = solve(mixed, time_limit=30)
     simulation = check_schedule(mixed, result.schedule)
     assert all(peak <= budget for peak, budget in zip(simulation.peak_bytes, mixed.budgets, strict=True))

@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import conv_chain, skip_net
+from conftest import conv_chain, mixed_only_budgets, skip_net
 
 import onnx_remat
-from onnx_remat.budget import Budget
 from onnx_remat.cli import main
 from onnx_remat.devices import get_devices
 from onnx_remat.errors import ModelError, UsageError
@@ -21,9 +20,7 @@ from onnx_remat.passes.rewrite import rewrite, tag_budgets
 from onnx_remat.passes.run_devices import Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
-from onnx_remat.passes.solve.baselines import on_device
-from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import costed_problem, prepare, with_budgets
+from onnx_remat.pipeline import costed_problem, prepare
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Schedule
 
@@ -114,13 +111,7 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     devices = get_devices(TWO_ENGINES)
     prepared = prepare(model, "train")
     graph, _ = costed_problem(prepared, devices, "analytic")
-    problem = graph.problem
-    alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
-    first = Budget(absolute_bytes=int(0.98 * alone[0]))
-    _, minima = with_budgets(problem, {"ort-cpu": first, "ov-cpu": Budget(minimum=True)})
-    assert minima[1] < alone[1]
-    second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
-    mixed, _ = with_budgets(problem, {"ort-cpu": first, "ov-cpu": second})
+    mixed, alone = mixed_only_budgets(graph.problem)
     assert all(budget < need for budget, need in zip(mixed.budgets, alone, strict=True))
     schedule = solve(mixed, time_limit=30).schedule
     check_schedule(mixed, schedule)

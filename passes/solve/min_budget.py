@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from onnx_remat.passes.simulate import simulate
@@ -80,19 +81,34 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
 
 
 def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
-    """(peak on `device`, schedule) of the baselines, and of Chen's segments at every length, on one device that
-    fit every other device's budget."""
+    """(peak on `device`, schedule) of the baselines, of Chen's segments at every length on one device, and of
+    the eviction heuristic at the least budget of `device` it fits, among those that fit every other device's
+    budget."""
     found = []
     segmented = (
         placed(schedule, d)
         for d in range(problem.num_devices)
         for schedule in every_segment_length(on_device(problem, d))
     )
-    for schedule in itertools.chain((schedule for _, schedule in placed_baselines(problem)), segmented):
+    evicting = _least_evicting(problem, device)
+    for schedule in itertools.chain(
+        (schedule for _, schedule in placed_baselines(problem)), segmented, [] if evicting is None else [evicting]
+    ):
         peaks = simulate(problem, schedule).peak_bytes
         if all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device):
             found.append((peaks[device], schedule))
     return found
+
+
+def _least_evicting(problem: Problem, device: int) -> Schedule | None:
+    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.05%) at which
+    it fits, the other devices at their budgets; None if it fits not even at keep-all."""
+
+    def fitting(budget: int) -> Schedule | None:
+        budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
+        return _evicting(replace(problem, budgets=budgets))
+
+    return _least_budget(fitting, quick_lower_bound(problem, device), _keep_all_room(problem))[1]
 
 
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
@@ -123,27 +139,57 @@ def minimum_equal_budget(problem: Problem) -> MinBudget:
     on each device, parking on each other one or nowhere) or a baseline on one device fits; it equals `lower`
     when that is proven minimal. Seconds at any size: no MILP runs, so in between nothing is proven."""
     lower = equal_budget_lower_bound(problem)
-    keep = max(problem.keep_all_bytes(d) for d in range(problem.num_devices)) + max(problem.workspace_bytes, default=0)
-    high = max(keep, lower)
-    if not fits_equal_budget(problem, high):
-        return MinBudget(lower, high)  # keep-all on one device fits a budget of its own keep-all peak: unreachable
-    low = lower - 1
-    while high - low > max(1, high // 2000):
-        middle = (low + high) // 2
-        low, high = (low, middle) if fits_equal_budget(problem, middle) else (middle, high)
-    if fits_equal_budget(problem, lower):
-        high = lower
-    return MinBudget(lower, high)
+
+    def fitting(budget: int) -> Schedule | None:
+        equal = replace(problem, budgets=(budget,) * problem.num_devices)
+        return _evicting(equal) or _fitting(equal, (schedule for _, schedule in placed_baselines(equal)))
+
+    return MinBudget(lower, _least_budget(fitting, lower, max(_keep_all_room(problem), lower))[0])
 
 
 def fits_equal_budget(problem: Problem, budget: int) -> bool:
     """Whether a heuristic schedule (the offloading heuristic or a baseline) fits `budget` on every device."""
     equal = replace(problem, budgets=(budget,) * problem.num_devices)
+    return _evicting(equal) is not None or _fitting(equal, (s for _, s in placed_baselines(equal))) is not None
 
-    def fits(schedule: Schedule | None) -> bool:
-        return schedule is not None and all(peak <= budget for peak in simulate(equal, schedule).peak_bytes)
 
+def _keep_all_room(problem: Problem) -> int:
+    """A budget at which keeping everything on any one device fits: its keep-all plus the largest workspace."""
+    keep = max(problem.keep_all_bytes(d) for d in range(problem.num_devices))
+    return keep + max(problem.workspace_bytes, default=0)
+
+
+def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
+    """The least budget in [lower, high] (to 0.05% of high) at which `fitting` gives a schedule, and it; `high`
+    and None if none fits at `high` either. Halving assumes that what fits a budget fits any larger one."""
+    best = fitting(high)
+    if best is None:
+        return high, None
+    if (at_lower := fitting(lower)) is not None:
+        return lower, at_lower
+    low = lower
+    while high - low > max(1, high // 2000):
+        middle = (low + high) // 2
+        if (schedule := fitting(middle)) is not None:
+            high, best = middle, schedule
+        else:
+            low = middle
+    return high, best
+
+
+def _evicting(problem: Problem) -> Schedule | None:
+    """A schedule of the eviction heuristic (computing on each device, parking on each other one or nowhere)
+    within every budget, or None."""
     devices = range(problem.num_devices)
-    if any(fits(offload(equal, c, s)) for c in devices for s in [*[d for d in devices if d != c], None]):
-        return True
-    return any(fits(schedule) for _, schedule in placed_baselines(equal))
+    pairs = ((c, s) for c in devices for s in [*[d for d in devices if d != c], None])
+    return _fitting(problem, (offload(problem, c, s) for c, s in pairs))
+
+
+def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:
+    """The first of `schedules` that is not None and fits every budget, or None."""
+    for schedule in schedules:
+        if schedule is not None and all(
+            peak <= budget for peak, budget in zip(simulate(problem, schedule).peak_bytes, problem.budgets, strict=True)
+        ):
+            return schedule
+    return None

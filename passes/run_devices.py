@@ -254,11 +254,17 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
 def _group(placed: list[_Placed]) -> list[list[_Placed]]:
     """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
     goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
-    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway)."""
+    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). A run
+    also ends at the last reader of a tensor it reads from before it, other than one held to the end: the executor
+    holds a run's inputs until the run ends, and the schedule frees that tensor there."""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
+    producer = {name: k for k, item in enumerate(placed) for name in item.node.output}
+    prelude = [item.node for item in placed if _meta(item.node, "step") == str(PRELUDE_STEP)]
+    held_to_end = {name for node in prelude for name in node.output}
     groups: list[list[_Placed]] = []
     current: list[_Placed] = []
     waiting: list[list[_Placed]] = []
+    start = 0
 
     def close() -> None:
         groups.extend([current.copy()] if current else [])
@@ -276,7 +282,12 @@ def _group(placed: list[_Placed]) -> list[list[_Placed]]:
             continue
         if current and item.device != current[0].device:
             close()
+        if not current:
+            start = k
         current.append(item)
+        if any(producer.get(name, k) < start and last_reader[name] == k and name not in held_to_end
+               for name in item.node.input):
+            close()
     close()
     return groups
 

@@ -73,8 +73,9 @@ def test_alternating_placement_runs_with_the_original_numbers(mode, block):
 
 
 def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
-    """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: the decoder segment
-    ends at every copy into ov-cpu, and a copy waits for nothing (each is its input's last reader)."""
+    """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: a decoder segment ends
+    at every copy into ov-cpu and after the last reader of a tensor from an earlier segment (each Tanh reads the
+    previous segment's sum for the last time), and a copy waits for nothing (each is its input's last reader)."""
     original = skip_net()
     ops = tuple((node.name,) for node in original.graph.node)
     c = Compute
@@ -86,7 +87,7 @@ def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
     plan = build_plan(model, get_devices(TWO_ENGINES))
     kinds = [f"{'S' if isinstance(s, Segment) else 'H'}{s.device if isinstance(s, Segment) else s.target}"
              for s in plan.steps]
-    assert kinds == ["S0", "H1", "S1", "H1", "S1", "H1", "S1", "H1", "S1"]
+    assert kinds == ["S0", "H1", "S1", "H1", "S1", "S1", "H1", "S1", "S1", "H1", "S1", "S1"]
     assert [s.node for s in plan.steps if isinstance(s, Handoff)] == [f"e{k}__copy_ort-cpu_to_ov-cpu" for k in
                                                                      (3, 2, 1, 0)]
     feeds = random_feeds(original, seed=0)

@@ -6,8 +6,10 @@ suffix. A `Copy` event of an operator becomes, for each tensor the operator hand
 graph, an Identity node `<tensor>__copy_<source>_to_<target>` (`__copy<k>_` for the k-th later copy of the
 tensor between the same devices) whose output is the tensor's instance on the target. Every consumer reads the
 latest instance of its input on its own device; parameters, graph inputs and the prelude's outputs are held
-on every device. A graph output is carried by the last instance of its tensor (the first one is then renamed
-`<name>__remat0`), so onnxruntime need not hold a stale instance to the end; copies nobody reads are dropped.
+on every device. The prelude (nodes computed from parameters alone, run once up front) runs on the device of the
+schedule's first computation: a schedule on one device of several then has no hand-off at all. A graph output
+is carried by the last instance of its tensor (the first one is then renamed `<name>__remat0`), so onnxruntime
+need not hold a stale instance to the end; copies nobody reads are dropped.
 
 Every node says in `metadata_props` what it is: `onnx_remat.role` (forward, backward, recompute, copy),
 `onnx_remat.origin` (the original node; for a copy, the node producing the tensor), `onnx_remat.device`
@@ -27,7 +29,7 @@ from __future__ import annotations
 from onnx import DeviceConfigurationProto, ModelProto, NodeProto, StringStringEntryProto, defs, helper
 
 from onnx_remat.opmap import OpMap
-from onnx_remat.schedule import Copy, Free, Schedule
+from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 # Node metadata_props need IR >= 10, device configurations IR >= 11. onnxruntime 1.31 reads at most IR 13
 # (1.32 reads 14), OpenVINO 2026 14.
@@ -49,8 +51,9 @@ def rewrite(
     _check_coverage(by_name, opmap)
     resident = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
     emitter = _Emitter(device_names, resident)
+    first = next((event.device for event in schedule.events if isinstance(event, Compute)), 0)
     for name in opmap.prelude:
-        emitter.emit(by_name[name], 0, "forward", 0, PRELUDE_STEP)
+        emitter.emit(by_name[name], 0, "forward", first, PRELUDE_STEP)
     emitter.resident.update(out for name in opmap.prelude for out in by_name[name].output)
     handed = _handed_over(model, opmap)
     instances: dict[int, int] = {}

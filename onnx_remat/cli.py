@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cost-model", choices=COST_MODELS,
-        help="operator costs: analytic (roofline) or profiled (measured on every device, cached); "
+        help="operator costs: analytic (roofline), profiled (each operator timed alone on every device) or "
+        "in-graph (timed inside whole-model runs on every device); measured costs are cached; "
         "default profiled with several devices, else analytic",
     )
     parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")

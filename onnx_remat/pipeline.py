@@ -35,7 +35,8 @@ from onnx_remat.schedule import Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
 MODES = ("infer", "train")
-COST_MODELS = ("analytic", "profiled")
+COST_MODELS = ("analytic", "profiled", "in-graph")
+"""Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
 DEFAULT_TIME_LIMIT = 60.0
 
 
@@ -51,7 +52,7 @@ class RematResult:
     minimum_bytes: tuple[int, ...] = ()
     """Per device, the smallest feasible budget found (with the other devices at their budgets)."""
     profiled: ProfiledCosts | None = None
-    """The measured costs the problem uses (cost model "profiled"), or None (analytic)."""
+    """The measured costs the problem uses (cost model "profiled" or "in-graph"), or None (analytic)."""
 
     def save(self, path: str | Path, force: bool = False) -> None:
         """Write the rewritten model atomically (temporary file, then rename)."""
@@ -140,8 +141,9 @@ def remat(
 
     `devices`: a preset name, a device file or Devices (default: one onnxruntime CPU device named cpu).
     `budget`: one budget for every device, `name=budget,...` per device, a mapping, or None to take each
-    device's from its device file. `cost_model`: "analytic" or "profiled" (measured on every device, cached
-    in `cache_dir`); by default profiled with several devices, analytic with one. `emit_problem` and
+    device's from its device file. `cost_model`: "analytic", "profiled" (each operator measured alone on every
+    device, cached in `cache_dir`) or "in-graph" (measured inside whole-model runs on every device, cached); by
+    default profiled with several devices, analytic with one. `emit_problem` and
     `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
     """
     devices = get_devices(devices)
@@ -182,7 +184,9 @@ def costed_problem(
     graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     if cost_model == "analytic":
         return graph, None
-    profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir, progress=progress)
+    method = "isolated" if cost_model == "profiled" else "in-graph"
+    profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir,
+                             progress=progress, method=method)
     return replace(graph, problem=profiled.apply(graph.problem)), profiled
 
 

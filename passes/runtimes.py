@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import abc
 import functools
+import json
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,7 @@ from onnx_remat.passes.execute import session_options
 Values = dict[str, Any]
 """Tensor name -> a value resident on one device (an OrtValue or an ov.Tensor)."""
 
+_KERNEL_TIME = "_kernel_time"  # the suffix of a node's event in onnxruntime's profile
 _ORT_MEMORY = {"CUDAExecutionProvider": "cuda"}
 # onnxruntime's device designators in `session.layer_assignment_settings`, per execution provider.
 _ORT_DESIGNATORS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml"}
@@ -62,6 +66,12 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def nbytes(self, value: Any) -> int:
         """The bytes of a device value's data."""
+
+    @abc.abstractmethod
+    def node_seconds(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> list[dict[str, float]]:
+        """For each of `runs` runs of the whole `model` (after a warm-up run), the seconds each node the runtime
+        executed took, by the name the runtime reports: an ONNX node's name, or for a node it made (a reorder, a
+        fusion), a name starting with the tensor or node it serves."""
 
     def prepare(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
         """A call that runs `model` once on the device, its inputs already there (for timing)."""
@@ -98,6 +108,29 @@ class OnnxRuntime(Runtime):
 
         return run
 
+    def node_seconds(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> list[dict[str, float]]:
+        options = session_options(threads=self.device.threads)
+        with tempfile.TemporaryDirectory() as directory:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(directory) / "profile")
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=[self.device.provider],
+                                           disabled_optimizers=["CommonSubexpressionElimination"])
+            session.run(None, feeds)
+            for _ in range(runs):
+                session.run(None, feeds)
+            events = json.loads(Path(session.end_profiling()).read_text())
+        timed = [event for event in events if event.get("cat") == "Node" and event["name"].endswith(_KERNEL_TIME)]
+        per_run: list[dict[str, float]] = []
+        seen: set[str] = set()
+        for event in timed:  # in execution order; a node seen again starts the next run
+            name = event["name"].removesuffix(_KERNEL_TIME)
+            if not per_run or name in seen:
+                per_run.append({})
+                seen.clear()
+            seen.add(name)
+            per_run[-1][name] = event["dur"] * 1e-6
+        return per_run[-runs:]
+
     def from_host(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self.memory, 0)
 
@@ -116,11 +149,8 @@ class OpenVino(Runtime):
     An output value is its request's tensor, alive as long as a reference to it is."""
 
     def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
-        if self.device.threads:
-            config["INFERENCE_NUM_THREADS"] = self.device.threads
         core = _openvino_core()
-        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, self._config())
         names = [output.name for output in model.graph.output]
 
         def run(values: Values) -> Values:
@@ -134,9 +164,29 @@ class OpenVino(Runtime):
 
         return run
 
+    def node_seconds(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> list[dict[str, float]]:
+        core = _openvino_core()
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider,
+                                      {**self._config(), "PERF_COUNT": True})
+        request = compiled.create_infer_request()
+        request.infer(feeds)
+        per_run = []
+        for _ in range(runs):
+            request.infer(feeds)
+            per_run.append({info.node_name: info.real_time.total_seconds() for info in request.profiling_info
+                            if info.status == ov.ProfilingInfo.Status.EXECUTED})
+        return per_run
+
     def from_host(self, array: np.ndarray) -> ov.Tensor:
         # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
         return ov.Tensor(np.ascontiguousarray(array).view(np.dtype(array.dtype.str)))
+
+    def _config(self) -> dict[str, Any]:
+        """Compile settings: f32, latency hint, the device's thread limit."""
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+        if self.device.threads:
+            config["INFERENCE_NUM_THREADS"] = self.device.threads
+        return config
 
     def to_host(self, value: ov.Tensor) -> np.ndarray:
         return np.array(value.data)

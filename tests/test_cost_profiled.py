@@ -1,4 +1,5 @@
-"""Measured costs on the two CPU engines: positive, ordered by work, cached, with copy costs."""
+"""Measured costs on the two CPU engines, each operator alone or inside whole-model runs: positive, ordered by
+work, cached, with copy costs."""
 
 import math
 
@@ -8,11 +9,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.devices import preset
+from onnx_remat.models import build
 from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
+from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.load import infer_shapes
+from onnx_remat.passes.runtimes import runtime_for
 from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.pipeline import prepare
 
 GROUPS = [("conv_small",), ("relu", "add"), ("shape",), ("reshape",), ("conv_big",)]
 
@@ -130,3 +135,48 @@ def test_apply_puts_measured_costs_into_a_problem(model, measured):
     assert problem.copy_fixed_seconds[0][1] == costs.copy_fixed_seconds[1][0] > 0
     with pytest.raises(ValueError, match="no profiled costs for device 'gpu'"):
         costs.apply(build_problem(model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)
+
+
+@pytest.fixture(scope="module")
+def in_graph(model, devices, tmp_path_factory) -> ProfiledCosts:
+    groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
+    return profile_costs(model, groups, devices, repeats=5, cache_dir=tmp_path_factory.mktemp("in-graph"),
+                         method="in-graph")
+
+
+def test_in_graph_costs_order_operators_by_work(in_graph, devices):
+    """Timed inside whole-model runs: positive, the big conv far above the small one, the same copy model."""
+    for device in devices:
+        values = in_graph.cost[device.name]
+        assert len(values) == 6 and all(math.isfinite(c) and c > 0 for c in values)
+        assert values[-1] > 20 * values[0]
+    assert in_graph.copy_seconds_per_byte[0][1] > 0 and in_graph.copy_fixed_seconds[1][0] > 0
+
+
+def test_in_graph_is_cached_apart_from_isolated(model, devices):
+    groups = [tuple(g) for g in GROUPS]
+    isolated = cost_profiled.cache_key(model, groups, devices, 5)
+    assert cost_profiled.cache_key(model, groups, devices, 5, "in-graph") != isolated
+    with pytest.raises(ValueError, match="unknown profiling method"):
+        profile_costs(model, groups, devices, method="guess")
+
+
+@pytest.mark.parametrize("name", ["ort-cpu", "ov-cpu"])
+def test_runtimes_name_the_nodes_they_time(name, devices):
+    """Almost all the time each engine reports inside a VGG16 training step goes to an ONNX node of it, by the
+    node's name or the name of a tensor the node makes (OpenVINO's reorders)."""
+    model = prepare(build("vgg16", batch=1, resolution=32), "train").inferred
+    owner = {node.name: k for k, node in enumerate(model.graph.node)}
+    owner.update({out: k for k, node in enumerate(model.graph.node) for out in node.output if out})
+    runtime = runtime_for(next(d for d in devices if d.name == name))
+    (timed,) = runtime.node_seconds(model, random_feeds(model, seed=0), runs=1)
+    placed = sum(seconds for node, seconds in timed.items() if cost_profiled._owner(node, owner) is not None)
+    assert placed > 0.9 * sum(timed.values()) > 0
+
+
+def test_owner_finds_the_longest_known_prefix():
+    owner = {"conv": 0, "conv.out": 1, "grad.w": 2}
+    assert cost_profiled._owner("conv.out", owner) == 1
+    assert cost_profiled._owner("conv.out_acdb_abcd/sink_port_0", owner) == 1
+    assert cost_profiled._owner("grad.w_abcd", owner) == 2
+    assert cost_profiled._owner("convolution", owner) is None

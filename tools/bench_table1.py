@@ -214,6 +214,8 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32, help="input height and width (default 32)")
     parser.add_argument("--tight", type=float, default=1.1, help="tight budget: x single-device minimum (1.1)")
     parser.add_argument("--mixed-only", default="vgg16", choices=NETWORKS, help="network of the mixed-only case")
+    parser.add_argument("--cost-model", default="profiled", choices=("profiled", "in-graph"),
+                        help="measured costs: each operator alone (default) or inside whole-model runs")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per solve (default 30)")
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per measurement, median (default 20)")
     args = parser.parse_args()
@@ -223,7 +225,8 @@ def main() -> None:
     console = Console(width=200)
     names = [d.name for d in devices]
     table = Table(
-        title=f"Table 1 shape: {' + '.join(names)}, batch {args.batch}, {args.resolution}x{args.resolution}; "
+        title=f"Table 1 shape: {' + '.join(names)}, batch {args.batch}, {args.resolution}x{args.resolution}, "
+        f"{args.cost_model} costs; "
         f"times in ms, predicted / measured (median of {args.repeats})"
     )
     for column in (
@@ -247,7 +250,7 @@ def main() -> None:
         for mode in args.modes:
             started = time.perf_counter()
             prepared = prepare(build(network, batch=args.batch, resolution=args.resolution), mode)
-            graph, _ = costed_problem(prepared, devices, "profiled")
+            graph, _ = costed_problem(prepared, devices, args.cost_model)
             problem = graph.problem
             alone = single_minima(problem)
             cases = [

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cost-model",
         choices=COST_MODELS,
-        help="operator costs: analytic or profiled (default profiled with several devices, else analytic)",
+        help="operator costs: analytic, profiled or in-graph (default profiled with several devices, else analytic)",
     )
     parser.add_argument(
         "--time-limit",

@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--emit-problem", metavar="FILE.json",
                         help="write the solver's problem as JSON before solving (onnx-remat solve reads it)")
     parser.add_argument("--emit-mps", metavar="FILE.mps", help="write the solver's MILP as MPS before solving")
+    parser.add_argument(
+        "--pick-by-running", action="store_true",
+        help="with several devices: run the solver's schedule and the best single-device one on the devices and "
+        "keep the faster (both times in the summary)",
+    )
     parser.add_argument("--plot", metavar="FILE.png|svg",
                         help="draw the compute and keep matrices and memory over time per device")
     parser.add_argument("--netron-attachment", nargs="?", const="", metavar="FILE.json",
@@ -173,7 +178,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             args.input, args.budget, mode=args.mode, training=training, input_shapes=shapes,
             solver=args.solver, time_limit=args.time_limit, progress=on_solve, devices=args.devices,
             cost_model=args.cost_model, profile_progress=on_profile, emit_problem=args.emit_problem,
-            emit_mps=args.emit_mps,
+            emit_mps=args.emit_mps, pick_by_running=args.pick_by_running,
         )
     check_output_path(args.output, args.input, args.force)
     write_atomically(Path(args.output), result.model.SerializeToString())

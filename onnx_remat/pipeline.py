@@ -13,31 +13,36 @@ from onnx_remat.budget import Budget, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
 from onnx_remat.errors import InfeasibleBudgetError, OutputError, UsageError
 from onnx_remat.files import write_atomically
+from onnx_remat.opmap import OpMap
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
+from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
 from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.run_devices import build_plan, race
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
-from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.checkmate_milp import write_mps
 from onnx_remat.passes.solve.min_budget import minimum_budget
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
-from onnx_remat.report import Report
-from onnx_remat.schedule import Schedule
+from onnx_remat.report import MeasuredChoice, Report
+from onnx_remat.schedule import Compute, Copy, Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
 MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
 DEFAULT_TIME_LIMIT = 60.0
+RACE_ROUNDS = 15
+"""Rounds of running the mixed and the single-device schedule in turn when picking by running."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,7 @@ def remat(
     profile_progress: ProfileProgress | None = None,
     emit_problem: str | Path | None = None,
     emit_mps: str | Path | None = None,
+    pick_by_running: bool = False,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
 
@@ -145,6 +151,8 @@ def remat(
     device, cached in `cache_dir`) or "in-graph" (measured inside whole-model runs on every device, cached); by
     default profiled with several devices, analytic with one. `emit_problem` and
     `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
+    `pick_by_running`: when the solver's schedule uses several devices, run it and the best single-device schedule
+    on the devices and keep the faster (the report says both times); predicted costs may misjudge a runtime.
     """
     devices = get_devices(devices)
     budgets = device_budgets(devices, budget)
@@ -158,13 +166,39 @@ def remat(
     if emit_mps:
         write_mps(problem, emit_mps)
     result = solve(problem, solver=solver, time_limit=time_limit, progress=progress)
+    choice = None
+    if pick_by_running:
+        result, choice = faster_by_running(prepared, graph.opmap, problem, result, devices)
     peaks = check_schedule(problem, result.schedule).peak_bytes
     minima = tuple(min(known, peak) for known, peak in zip(minima, peaks, strict=True))  # the schedule fits its peak
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
-    report = build_report(name, mode, problem, minima[0], result)
+    report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice)
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled)
+
+
+def faster_by_running(
+    prepared: PreparedModel, opmap: OpMap, problem: Problem, result: SolveResult, devices: Sequence[Device]
+) -> tuple[SolveResult, MeasuredChoice | None]:
+    """`result`, or its best single-device schedule if that runs faster on the devices (median of RACE_ROUNDS
+    rounds running both in turn; status "measured", the gap its predicted one), with the two measured times; no
+    choice if the schedule uses one device."""
+    single = result.single_device_schedule
+    events = result.schedule.events
+    used = {e.device for e in events if isinstance(e, Compute)} | {
+        d for e in events if isinstance(e, Copy) for d in (e.source, e.target)}
+    if single is None or result.single_device_objective is None or len(used) < 2:
+        return result, None
+    plans = [build_plan(rewrite(prepared.inferred, opmap, schedule, problem.devices), devices)
+             for schedule in (result.schedule, single)]
+    mixed_seconds, single_seconds = race(plans, random_feeds(prepared.model, seed=0), RACE_ROUNDS)
+    if mixed_seconds <= single_seconds:
+        return result, MeasuredChoice(mixed_seconds, single_seconds, "mixed")
+    objective = result.single_device_objective
+    gap = (objective - result.bound) / objective if objective > 0 else 0.0
+    kept = replace(result, schedule=single, objective=objective, gap=gap, status="measured")
+    return kept, MeasuredChoice(mixed_seconds, single_seconds, "single device")
 
 
 def costed_problem(

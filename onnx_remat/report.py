@@ -77,6 +77,16 @@ class SolverSummary:
 
 
 @dataclass(frozen=True)
+class MeasuredChoice:
+    """The solver's multi-device schedule and the best single-device one, both run on the devices: median seconds,
+    and which was kept ("mixed" or "single device")."""
+
+    mixed_seconds: float
+    single_device_seconds: float
+    kept: str
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything a user reads after a run; serialised as the `--report` JSON."""
 
@@ -96,6 +106,7 @@ class Report:
     baselines: dict[str, BaselineResult] = field(default_factory=dict)
     device_usage: tuple[DeviceUsage, ...] = ()
     copies: tuple[CopyRecord, ...] = ()
+    measured_choice: MeasuredChoice | None = None
 
     @property
     def time_overhead(self) -> float:
@@ -133,6 +144,12 @@ class Report:
             lines.append(
                 f"copies       {len(self.copies)}, {format_bytes(sum(c.bytes for c in self.copies))}, "
                 f"{1e3 * sum(c.seconds for c in self.copies):.3f} ms"
+            )
+        if self.measured_choice:
+            m = self.measured_choice
+            lines.append(
+                f"measured     mixed {m.mixed_seconds * 1e3:.3f} ms, best single device "
+                f"{m.single_device_seconds * 1e3:.3f} ms: kept the {m.kept} schedule"
             )
         return "\n".join(lines + self._device_lines() + self._recompute_lines() + self._copy_lines())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite, tag_budgets
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import keep_all, on_device, placed
-from onnx_remat.pipeline import costed_problem, prepare
+from onnx_remat.pipeline import costed_problem, faster_by_running, prepare
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Schedule
 
@@ -222,3 +223,24 @@ def test_cli_run_errors(two_device_path, capsys, extra, code, pattern):
     assert main(["run", str(two_device_path), *extra]) == code
     err = capsys.readouterr().err
     assert pattern in err and len(err.strip().splitlines()) == 1
+
+
+def test_pick_by_running_keeps_whichever_schedule_runs_faster():
+    """The alternating placement against keep-all on onnxruntime, both run on the engines in turns: the faster
+    by measurement is kept (alternating pays a hand-off every three operators), and both times are reported."""
+    prepared = prepare(FIXTURE, "infer")
+    graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    problem = replace(graph.problem, budgets=tuple(graph.problem.keep_all_bytes(d) for d in range(2)))
+    mixed = alternating(problem, 3)
+    single = placed(keep_all(on_device(problem, 0)), 0)
+    cost = check_schedule(problem, single).total_cost
+    result = SolveResult(mixed, "optimal", 0.5 * cost, 0.4 * cost, 0.2, 1.0, "highs", 0.5 * cost, cost, single)
+    kept, choice = faster_by_running(prepared, graph.opmap, problem, result, get_devices(TWO_ENGINES))
+    assert choice is not None and choice.mixed_seconds > 0 and choice.single_device_seconds > 0
+    if choice.mixed_seconds <= choice.single_device_seconds:
+        assert choice.kept == "mixed" and kept is result
+    else:
+        assert choice.kept == "single device" and kept.schedule is single
+        assert kept.objective == cost and kept.gap == pytest.approx(0.6) and kept.status == "measured"
+    alone = replace(result, schedule=single)
+    assert faster_by_running(prepared, graph.opmap, problem, alone, get_devices(TWO_ENGINES)) == (alone, None)

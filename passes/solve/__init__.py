@@ -72,7 +72,8 @@ def choose_backend(problem: Problem) -> str:
 
 @dataclass(frozen=True)
 class SolveResult:
-    """A checked schedule, how the solver ended ("optimal", "time_limit", "heuristic") and its bound."""
+    """A checked schedule, how the solver ended ("optimal", "time_limit", "heuristic"; the pipeline's pick by running
+    sets "measured") and its bound."""
 
     schedule: Schedule
     status: str
@@ -86,6 +87,8 @@ class SolveResult:
     `objective` (the returned schedule's cost) never exceeds; `bound` is a bound on that form."""
     single_device_objective: float | None = None
     """Predicted seconds of the best schedule found that runs on one device only (the warm start), or None."""
+    single_device_schedule: Schedule | None = None
+    """That schedule (unread computations pruned), or None."""
 
 
 def solve(
@@ -111,7 +114,7 @@ def solve(
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
     schedule = prune_unread(problem, schedule)
-    single = None if single_device is None else _cost(problem, prune_unread(problem, single_device))
+    single = None if single_device is None else prune_unread(problem, single_device)
     seconds = time.perf_counter() - start
     return _result(problem, schedule, status, bound, model_objective, seconds, backend, single)
 
@@ -303,12 +306,13 @@ def _result(
     model_objective: float,
     seconds: float,
     solver: str,
-    single_device_objective: float | None,
+    single_device: Schedule | None,
 ) -> SolveResult:
     """Check `schedule` and state its cost with a bound clamped to [the memory-cut bound, objective]."""
     objective = check_schedule(problem, schedule).total_cost
     bound = min(max(bound if bound is not None else 0.0, cut_lower_bound(problem)), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
+    single = None if single_device is None else _cost(problem, single_device)
     return SolveResult(
-        schedule, status, objective, bound, gap, seconds, solver, model_objective, single_device_objective
+        schedule, status, objective, bound, gap, seconds, solver, model_objective, single, single_device
     )

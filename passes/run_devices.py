@@ -7,9 +7,10 @@ a later step or the graph reads, and what nobody reads, so that no runtime prune
 runtime (`runtimes`). A copy node (`onnx_remat.role` = copy) is not run by a runtime: the executor moves its input
 from the source device to the target through host memory. A copy ends the open segment if it goes into the
 segment's device or is the last reader of its input (which is then freed where the schedule frees it); any other
-copy waits for the segment's end. Graph inputs and the prelude's outputs are held on every device that reads them,
-moved there before its first segment reading them. The executor drops its reference to a value after the last
-step that reads it.
+copy waits for the segment's end. A segment also ends after the last reader of a tensor it takes from an earlier
+step, since the executor holds a segment's inputs until it returns. Graph inputs and the prelude's outputs are
+held on every device that reads them, moved there before its first segment reading them. The executor drops its
+reference to a value after the last step that reads it.
 
 Time is measured: whole runs after warm-up runs, median over the repeats; per device the time inside its segments,
 the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted here and measured by

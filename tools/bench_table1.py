@@ -8,8 +8,10 @@ difference in percent against the best single device, and the measured time (med
 single-device schedules and of the mixed one, each rewritten and executed on its devices' runtimes with their
 thread limits (`onnx_remat.run_on_devices`: per-device segments, tensors handed across at the copy nodes), with
 the mixed execution's per-device peaks, predicted and measured (a fresh process, the high-water mark reset around
-every step: `passes/measure_devices.py`), against the budgets; within/OVER goes by the measured peaks. The last
-row is a case where only a mixed schedule fits: each budget below its device's single-device minimum.
+every step: `passes/measure_devices.py`), against the budgets; within/OVER goes by the measured peaks; and what
+`--pick-by-running` keeps when the schedule is mixed (the mixed and the best single-device schedule run in turns,
+median of 15 rounds each). The last row is a case where only a mixed schedule fits: each budget below its
+device's single-device minimum.
 
     python tools/bench_table1.py                                   # VGG16, ResNet18, UNet, ~10 minutes
     python tools/bench_table1.py --networks unet --batch 1 --resolution 32 --time-limit 30
@@ -37,8 +39,9 @@ from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import PreparedModel, costed_problem, prepare, with_budgets
+from onnx_remat.pipeline import PreparedModel, costed_problem, faster_by_running, prepare, with_budgets
 from onnx_remat.problem import Problem
+from onnx_remat.report import MeasuredChoice
 from onnx_remat.schedule import Compute, Copy
 
 DEFAULT_DEVICES = "devices/ort-cpu+ov-cpu.toml"
@@ -67,6 +70,7 @@ class Row:
     mixed_run: DeviceRun
     devices_used: int
     copies: int
+    picked: MeasuredChoice | None
 
 
 def solve_case(
@@ -95,7 +99,8 @@ def solve_case(
     model = rewrite(prepared.inferred, opmap, mixed.schedule, problem.devices)
     mixed_run = measure(model, devices, repeats, problem.budgets, memory=True)
     keep = tuple(problem.keep_all_bytes(d) for d in range(problem.num_devices))
-    return Row(case, problem.budgets, keep, tuple(singles), mixed, mixed_run, len(used), copies)
+    _, picked = faster_by_running(prepared, opmap, problem, mixed, devices)
+    return Row(case, problem.budgets, keep, tuple(singles), mixed, mixed_run, len(used), copies, picked)
 
 
 def measure(
@@ -201,6 +206,8 @@ def add_row(table: Table, row: Row) -> None:
         peaks(row.mixed_run),
         placement,
         f"{row.mixed.status} {100 * row.mixed.gap:.1f}%",
+        "-" if row.picked is None else f"{row.picked.kept}: {ms(row.picked.mixed_seconds)} vs "
+        f"{ms(row.picked.single_device_seconds)}",
     ]
     table.add_row(*cells)
 
@@ -240,6 +247,7 @@ def main() -> None:
         "mixed peaks MiB pred./meas. of budget",
         "mixed placement",
         "solver",
+        "--pick-by-running: kept, mixed vs single ms",
     ):
         table.add_column(
             column,

@@ -7,8 +7,8 @@ a later step or the graph reads, and what nobody reads, so that no runtime prune
 runtime (`runtimes`). A copy node (`onnx_remat.role` = copy) is not run by a runtime: the executor moves its input
 from the source device to the target through host memory. A copy ends the open segment if it goes into the
 segment's device or is the last reader of its input (which is then freed where the schedule frees it); any other
-copy waits for the segment's end. A segment also ends after the last reader of a tensor it takes from an earlier
-step, since the executor holds a segment's inputs until it returns. Graph inputs and the prelude's outputs are
+copy waits for the segment's end. A segment also ends after the last reader of a tensor copied into it, since the
+executor holds a segment's inputs until it returns. Graph inputs and the prelude's outputs are
 held on every device that reads them, moved there before its first segment reading them. The executor drops its
 reference to a value after the last step that reads it.
 
@@ -277,16 +277,14 @@ def _group(placed: list[_Placed]) -> list[list[_Placed]]:
     """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
     goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
     it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). A run
-    also ends at the last reader of a tensor it reads from before it, other than one held to the end: the executor
-    holds a run's inputs until the run ends, and the schedule frees that tensor there."""
+    also ends at the last reader of a tensor copied into it: the executor holds a run's inputs until the run ends,
+    and the schedule frees that tensor there. (Ending runs at the last reader of any earlier run's output would cut
+    a chain into single nodes: each cut makes the next node's input such an output.)"""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
-    producer = {name: k for k, item in enumerate(placed) for name in item.node.output}
-    prelude = [item.node for item in placed if _meta(item.node, "step") == str(PRELUDE_STEP)]
-    held_to_end = {name for node in prelude for name in node.output}
+    copied = {name for item in placed if item.source is not None for name in item.node.output}
     groups: list[list[_Placed]] = []
     current: list[_Placed] = []
     waiting: list[list[_Placed]] = []
-    start = 0
 
     def close() -> None:
         groups.extend([current.copy()] if current else [])
@@ -304,11 +302,8 @@ def _group(placed: list[_Placed]) -> list[list[_Placed]]:
             continue
         if current and item.device != current[0].device:
             close()
-        if not current:
-            start = k
         current.append(item)
-        if any(producer.get(name, k) < start and last_reader[name] == k and name not in held_to_end
-               for name in item.node.input):
+        if any(name in copied and last_reader[name] == k for name in item.node.input):
             close()
     close()
     return groups

@@ -89,9 +89,8 @@ def test_a_schedule_on_the_second_device_runs_as_one_segment_there():
 
 
 def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
-    """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: a decoder segment ends
-    at every copy into ov-cpu and after the last reader of a tensor from an earlier segment (each Tanh reads the
-    previous segment's sum for the last time), and a copy waits for nothing (each is its input's last reader)."""
+    """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: the decoder segment
+    ends at every copy into ov-cpu, and a copy waits for nothing (each is its input's last reader)."""
     original = skip_net()
     ops = tuple((node.name,) for node in original.graph.node)
     c = Compute
@@ -103,9 +102,27 @@ def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
     plan = build_plan(model, get_devices(TWO_ENGINES))
     kinds = [f"{'S' if isinstance(s, Segment) else 'H'}{s.device if isinstance(s, Segment) else s.target}"
              for s in plan.steps]
-    assert kinds == ["S0", "H1", "S1", "H1", "S1", "S1", "H1", "S1", "S1", "H1", "S1", "S1"]
+    assert kinds == ["S0", "H1", "S1", "H1", "S1", "H1", "S1", "H1", "S1"]
     assert [s.node for s in plan.steps if isinstance(s, Handoff)] == [f"e{k}__copy_ort-cpu_to_ov-cpu" for k in
                                                                      (3, 2, 1, 0)]
+    feeds = random_feeds(original, seed=0)
+    assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
+
+
+def test_plan_ends_a_segment_after_the_last_reader_of_a_copied_tensor():
+    """Every skip copied to ov-cpu up front: the decoder runs as one segment per skip, each ending where its skip
+    is last read, since the executor holds a segment's inputs until it returns (the schedule frees them there)."""
+    original = skip_net()
+    ops = tuple((node.name,) for node in original.graph.node)
+    c = Compute
+    schedule = Schedule((
+        c(0, 0), c(1, 1), c(2, 2), c(3, 3), Copy(3, 3, 0, 1), Copy(2, 3, 0, 1), Copy(1, 3, 0, 1), Copy(0, 3, 0, 1),
+        *(c(k, k, 1) for k in range(4, 12)),
+    ))  # fmt: skip
+    model = rewrite(original, OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
+    plan = build_plan(model, get_devices(TWO_ENGINES))
+    segments = [[node.name for node in s.model.graph.node] for s in plan.steps if isinstance(s, Segment)]
+    assert segments[1:] == [[f"dec{k}", f"add{k}"] for k in range(4)]
     feeds = random_feeds(original, seed=0)
     assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
 

@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the solver's problem as JSON before solving (onnx-remat solve reads it)")
     parser.add_argument("--emit-mps", metavar="FILE.mps", help="write the solver's MILP as MPS before solving")
     parser.add_argument(
+        "--headroom", type=_percent, default=0.0, metavar="PCT",
+        help="leave this share of every budget free for what runtimes allocate beyond the tensors, e.g. 3%% "
+        "(default 0)",
+    )
+    parser.add_argument(
         "--pick-by-running", action="store_true",
         help="with several devices: run the solver's schedule and the best single-device one on the devices and "
         "keep the faster (both times in the summary)",
@@ -144,6 +149,17 @@ def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _percent(text: str) -> float:
+    """A percentage such as 3% (or 3) as a fraction in [0, 1)."""
+    try:
+        value = float(text.strip().removesuffix("%")) / 100
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage from 0% to below 100%")
+    return value
+
+
 def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, run the pipeline, write model and report."""
     if args.time_limit is not None and args.time_limit <= 0:
@@ -178,7 +194,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             args.input, args.budget, mode=args.mode, training=training, input_shapes=shapes,
             solver=args.solver, time_limit=args.time_limit, progress=on_solve, devices=args.devices,
             cost_model=args.cost_model, profile_progress=on_profile, emit_problem=args.emit_problem,
-            emit_mps=args.emit_mps, pick_by_running=args.pick_by_running,
+            emit_mps=args.emit_mps, pick_by_running=args.pick_by_running, headroom=args.headroom,
         )
     check_output_path(args.output, args.input, args.force)
     write_atomically(Path(args.output), result.model.SerializeToString())

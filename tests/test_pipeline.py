@@ -8,6 +8,7 @@ import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
+from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 
@@ -68,3 +69,20 @@ def test_budget_below_minimum_states_the_minimum():
     minimum = info.value.minimum_bytes
     assert minimum and str(minimum) in str(info.value)
     assert onnx_remat.remat(skip_net(), minimum).report.predicted_peak_bytes <= minimum
+
+
+def test_headroom_leaves_a_share_of_the_budget_free():
+    """4% headroom at the budget the un-rewritten order needs: the schedule peaks within 96% of it (recomputing),
+    the report states the budget; headroom that takes a budget below the minimum is refused with the minimum."""
+    original = skip_net()
+    reference = onnx_remat.remat(original, "100%").report
+    budget = reference.baselines["keep-all"].peak_bytes
+    plain = onnx_remat.remat(original, budget).report
+    spared = onnx_remat.remat(original, budget, headroom=0.04).report
+    assert spared.budget_bytes == budget
+    assert spared.predicted_peak_bytes <= 0.96 * budget < plain.predicted_peak_bytes
+    assert sum(r.extra_computations for r in spared.recomputations) > 0
+    with pytest.raises(InfeasibleBudgetError, match="headroom"):
+        onnx_remat.remat(original, reference.minimum_budget_bytes, headroom=0.05)
+    with pytest.raises(UsageError, match="headroom"):
+        onnx_remat.remat(original, budget, headroom=1.5)

@@ -11,7 +11,8 @@ the mixed execution's per-device peaks, predicted and measured (a fresh process,
 every step: `passes/measure_devices.py`), against the budgets; within/OVER goes by the measured peaks; and what
 `--pick-by-running` keeps when the schedule is mixed (the mixed and the best single-device schedule run in turns,
 median of 15 rounds each). The last row is a case where only a mixed schedule fits: each budget below its
-device's single-device minimum.
+device's single-device minimum. Schedules leave `--headroom` of each budget free (default 3%: the mixed-only
+schedule measured 1-4% over its predicted peak on onnxruntime in five repeats without it).
 
     python tools/bench_table1.py                                   # VGG16, ResNet18, UNet, ~10 minutes
     python tools/bench_table1.py --networks unet --batch 1 --resolution 32 --time-limit 30
@@ -39,7 +40,14 @@ from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import PreparedModel, costed_problem, faster_by_running, prepare, with_budgets
+from onnx_remat.pipeline import (
+    PreparedModel,
+    costed_problem,
+    faster_by_running,
+    prepare,
+    with_budgets,
+    with_headroom,
+)
 from onnx_remat.problem import Problem
 from onnx_remat.report import MeasuredChoice
 from onnx_remat.schedule import Compute, Copy
@@ -81,11 +89,14 @@ def solve_case(
     case: str,
     time_limit: float,
     repeats: int,
+    headroom: float,
 ) -> Row:
-    """Solve `problem` (budgets set) on each device alone and on all; execute and time every schedule."""
+    """Solve `problem` (budgets set, `headroom` of each left free) on each device alone and on all; execute and time
+    every schedule."""
+    planned = with_headroom(problem, headroom, (0,) * problem.num_devices)
     singles = []
     for d, device in enumerate(devices):
-        alone = on_device(problem, d)
+        alone = on_device(planned, d)
         try:
             result = solve(alone, time_limit=time_limit)
         except RematError:
@@ -93,7 +104,7 @@ def solve_case(
             continue
         model = rewrite(prepared.inferred, opmap, result.schedule, alone.devices)
         singles.append(Single(result.objective, measure(model, (device,), repeats, problem.budgets[d:d + 1]).seconds))
-    mixed = solve(problem, time_limit=time_limit)
+    mixed = solve(planned, time_limit=time_limit)
     used = {event.device for event in mixed.schedule.events if isinstance(event, Compute)}
     copies = sum(isinstance(event, Copy) for event in mixed.schedule.events)
     model = rewrite(prepared.inferred, opmap, mixed.schedule, problem.devices)
@@ -153,12 +164,13 @@ def mixed_only_row(
     case: str,
     time_limit: float,
     repeats: int,
+    headroom: float,
 ) -> Row | None:
     """The first candidate budgets where the solver finds a mixed schedule and neither device fits alone."""
     alone = single_minima(problem)
     for values in mixed_only_candidates(problem, alone):
         try:
-            row = solve_case(prepared, budgets(problem, values), opmap, devices, case, time_limit, repeats)
+            row = solve_case(prepared, budgets(problem, values), opmap, devices, case, time_limit, repeats, headroom)
         except RematError:
             continue
         if all(single.predicted is None for single in row.singles):
@@ -221,6 +233,9 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32, help="input height and width (default 32)")
     parser.add_argument("--tight", type=float, default=1.1, help="tight budget: x single-device minimum (1.1)")
     parser.add_argument("--mixed-only", default="vgg16", choices=NETWORKS, help="network of the mixed-only case")
+    parser.add_argument("--headroom", type=float, default=0.03,
+                        help="share of each budget the schedules leave free (default 0.03: multi-device runs measure "
+                        "1-4%% over the predicted peak)")
     parser.add_argument("--cost-model", default="profiled", choices=("profiled", "in-graph"),
                         help="measured costs: each operator alone (default) or inside whole-model runs")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per solve (default 30)")
@@ -277,11 +292,13 @@ def main() -> None:
                     f"{network} {mode} T={problem.num_ops} {label}",
                     args.time_limit,
                     args.repeats,
+                    args.headroom,
                 )
                 add_row(table, row)
             if network == args.mixed_only and mode == "train":
                 case = f"{network} {mode} T={problem.num_ops} mixed only"
-                row = mixed_only_row(prepared, problem, graph.opmap, devices, case, args.time_limit, args.repeats)
+                row = mixed_only_row(prepared, problem, graph.opmap, devices, case, args.time_limit, args.repeats,
+                                     args.headroom)
                 if row is None:
                     console.print(f"{network} {mode}: no budgets found where only a mixed schedule fits")
                 else:

@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pick-by-running", action="store_true",
-        help="with several devices: run the solver's schedule and the best single-device one on the devices and "
-        "keep the faster (both times in the summary)",
+        help="with several devices: run the solver's schedule and each device's best schedule alone on the devices "
+        "and keep the fastest (the times in the summary)",
     )
     parser.add_argument("--plot", metavar="FILE.png|svg",
                         help="draw the compute and keep matrices and memory over time per device")

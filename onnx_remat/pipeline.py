@@ -152,8 +152,8 @@ def remat(
     device, cached in `cache_dir`) or "in-graph" (measured inside whole-model runs on every device, cached); by
     default profiled with several devices, analytic with one. `emit_problem` and
     `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
-    `pick_by_running`: when the solver's schedule uses several devices, run it and the best single-device schedule
-    on the devices and keep the faster (the report says both times); predicted costs may misjudge a runtime.
+    `pick_by_running`: with several devices, run the solver's schedule and each device's best schedule alone on the
+    devices and keep the fastest (the report gives every time); predicted costs may misjudge a runtime.
     `headroom`: the fraction of every budget the schedule leaves free, for what the runtimes allocate beyond the
     tensors (measured in multi-device runs: 1-4% over the predicted peak); the report still states the budgets.
     """
@@ -200,24 +200,33 @@ def with_headroom(problem: Problem, headroom: float, minima: Sequence[int]) -> P
 def faster_by_running(
     prepared: PreparedModel, opmap: OpMap, problem: Problem, result: SolveResult, devices: Sequence[Device]
 ) -> tuple[SolveResult, MeasuredChoice | None]:
-    """`result`, or its best single-device schedule if that runs faster on the devices (median of RACE_ROUNDS
-    rounds running both in turn; status "measured", the gap its predicted one), with the two measured times; no
-    choice if the schedule uses one device."""
-    single = result.single_device_schedule
-    events = result.schedule.events
-    used = {e.device for e in events if isinstance(e, Compute)} | {
-        d for e in events if isinstance(e, Copy) for d in (e.source, e.target)}
-    if single is None or result.single_device_objective is None or len(used) < 2:
+    """`result` with the fastest, run on the devices (median of RACE_ROUNDS rounds running them all in turn), of its
+    schedule and each device's best schedule alone (status "measured" when one of those is kept, with its predicted
+    cost and gap); also the measured times. None with nothing to choose from (one device)."""
+    candidates = {_label(problem, result.schedule): result.schedule}
+    for device, schedule in enumerate(result.device_schedules):
+        if schedule is not None and schedule != result.schedule:
+            candidates[f"{problem.devices[device]} alone"] = schedule
+    if len(candidates) < 2:
         return result, None
     plans = [build_plan(rewrite(prepared.inferred, opmap, schedule, problem.devices), devices)
-             for schedule in (result.schedule, single)]
-    mixed_seconds, single_seconds = race(plans, random_feeds(prepared.model, seed=0), RACE_ROUNDS)
-    if mixed_seconds <= single_seconds:
-        return result, MeasuredChoice(mixed_seconds, single_seconds, "mixed")
-    objective = result.single_device_objective
+             for schedule in candidates.values()]
+    seconds = dict(zip(candidates, race(plans, random_feeds(prepared.model, seed=0), RACE_ROUNDS), strict=True))
+    kept = min(seconds, key=lambda label: seconds[label])
+    choice = MeasuredChoice(seconds, kept)
+    schedule = candidates[kept]
+    if schedule is result.schedule:
+        return result, choice
+    objective = check_schedule(problem, schedule).total_cost
     gap = (objective - result.bound) / objective if objective > 0 else 0.0
-    kept = replace(result, schedule=single, objective=objective, gap=gap, status="measured")
-    return kept, MeasuredChoice(mixed_seconds, single_seconds, "single device")
+    return replace(result, schedule=schedule, objective=objective, gap=gap, status="measured"), choice
+
+
+def _label(problem: Problem, schedule: Schedule) -> str:
+    """How a measured choice names the solver's schedule: mixed, or on which device alone."""
+    used = {e.device for e in schedule.events if isinstance(e, Compute)} | {
+        d for e in schedule.events if isinstance(e, Copy) for d in (e.source, e.target)}
+    return "solver (mixed)" if len(used) > 1 else f"solver ({problem.devices[min(used, default=0)]} alone)"
 
 
 def costed_problem(

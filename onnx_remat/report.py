@@ -78,11 +78,10 @@ class SolverSummary:
 
 @dataclass(frozen=True)
 class MeasuredChoice:
-    """The solver's multi-device schedule and the best single-device one, both run on the devices: median seconds,
-    and which was kept ("mixed" or "single device")."""
+    """The solver's schedule and each device's best schedule alone, run on the devices: median seconds by name
+    ("solver (mixed)", "solver (cpu alone)", "gpu alone"), and the name of the one kept, the fastest."""
 
-    mixed_seconds: float
-    single_device_seconds: float
+    seconds: dict[str, float]
     kept: str
 
 
@@ -147,10 +146,8 @@ class Report:
             )
         if self.measured_choice:
             m = self.measured_choice
-            lines.append(
-                f"measured     mixed {m.mixed_seconds * 1e3:.3f} ms, best single device "
-                f"{m.single_device_seconds * 1e3:.3f} ms: kept the {m.kept} schedule"
-            )
+            times = ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in m.seconds.items())
+            lines.append(f"measured     {times}: kept {m.kept}")
         return "\n".join(lines + self._device_lines() + self._recompute_lines() + self._copy_lines())
 
     def _device_lines(self) -> list[str]:

@@ -242,22 +242,26 @@ def test_cli_run_errors(two_device_path, capsys, extra, code, pattern):
     assert pattern in err and len(err.strip().splitlines()) == 1
 
 
-def test_pick_by_running_keeps_whichever_schedule_runs_faster():
-    """The alternating placement against keep-all on onnxruntime, both run on the engines in turns: the faster
-    by measurement is kept (alternating pays a hand-off every three operators), and both times are reported."""
+def test_pick_by_running_keeps_whichever_schedule_runs_fastest():
+    """The alternating placement against keep-all on each engine alone, all run on the engines in turns: the fastest
+    by measurement is kept (alternating pays a hand-off every three operators), and every time is reported."""
     prepared = prepare(FIXTURE, "infer")
     graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     problem = replace(graph.problem, budgets=tuple(graph.problem.keep_all_bytes(d) for d in range(2)))
     mixed = alternating(problem, 3)
-    single = placed(keep_all(on_device(problem, 0)), 0)
-    cost = check_schedule(problem, single).total_cost
-    result = SolveResult(mixed, "optimal", 0.5 * cost, 0.4 * cost, 0.2, 1.0, "highs", 0.5 * cost, cost, single)
+    alone = tuple(placed(keep_all(on_device(problem, d)), d) for d in range(2))
+    cost = check_schedule(problem, alone[0]).total_cost
+    result = SolveResult(mixed, "optimal", 0.5 * cost, 0.4 * cost, 0.2, 1.0, "highs", 0.5 * cost, cost, alone)
     kept, choice = faster_by_running(prepared, graph.opmap, problem, result, get_devices(TWO_ENGINES))
-    assert choice is not None and choice.mixed_seconds > 0 and choice.single_device_seconds > 0
-    if choice.mixed_seconds <= choice.single_device_seconds:
-        assert choice.kept == "mixed" and kept is result
+    assert choice is not None
+    assert set(choice.seconds) == {"solver (mixed)", "ort-cpu alone", "ov-cpu alone"}
+    assert all(seconds > 0 for seconds in choice.seconds.values())
+    assert choice.kept == min(choice.seconds, key=lambda name: choice.seconds[name])
+    if choice.kept == "solver (mixed)":
+        assert kept is result
     else:
-        assert choice.kept == "single device" and kept.schedule is single
-        assert kept.objective == cost and kept.gap == pytest.approx(0.6) and kept.status == "measured"
-    alone = replace(result, schedule=single)
-    assert faster_by_running(prepared, graph.opmap, problem, alone, get_devices(TWO_ENGINES)) == (alone, None)
+        schedule = alone[0] if choice.kept == "ort-cpu alone" else alone[1]
+        assert kept.schedule is schedule and kept.status == "measured"
+        assert kept.objective == pytest.approx(check_schedule(problem, schedule).total_cost)
+    on_ort = replace(result, schedule=alone[0], device_schedules=(alone[0], None))
+    assert faster_by_running(prepared, graph.opmap, problem, on_ort, get_devices(TWO_ENGINES)) == (on_ort, None)

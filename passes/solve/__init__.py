@@ -87,8 +87,8 @@ class SolveResult:
     `objective` (the returned schedule's cost) never exceeds; `bound` is a bound on that form."""
     single_device_objective: float | None = None
     """Predicted seconds of the best schedule found that runs on one device only (the warm start), or None."""
-    single_device_schedule: Schedule | None = None
-    """That schedule (unread computations pruned), or None."""
+    device_schedules: tuple[Schedule | None, ...] = ()
+    """With several devices, each device's best schedule alone (unread computations pruned; None: none fits)."""
 
 
 def solve(
@@ -106,7 +106,7 @@ def solve(
     start = time.perf_counter()
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
-        incumbent, single_device = _incumbent(problem, backend, time_limit, stop)
+        incumbent, alone = _incumbent(problem, backend, time_limit, stop)
         schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
     if status == "interrupted" and timed_out.is_set():
         status = "time_limit" if schedule is not incumbent else "heuristic"
@@ -114,9 +114,9 @@ def solve(
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
     schedule = prune_unread(problem, schedule)
-    single = None if single_device is None else prune_unread(problem, single_device)
+    alone = tuple(None if single is None else prune_unread(problem, single) for single in alone)
     seconds = time.perf_counter() - start
-    return _result(problem, schedule, status, bound, model_objective, seconds, backend, single)
+    return _result(problem, schedule, status, bound, model_objective, seconds, backend, alone)
 
 
 @contextmanager
@@ -208,8 +208,9 @@ def _solve_frontier(
 
 def _incumbent(
     problem: Problem, solver: str, time_limit: float | None, stop: threading.Event
-) -> tuple[Schedule | None, Schedule | None]:
-    """The best schedule found without the multi-device MILP, and the best on one device only (or None each).
+) -> tuple[Schedule | None, tuple[Schedule | None, ...]]:
+    """The best schedule found without the multi-device MILP, and with several devices each device's best schedule
+    alone (None where none fits; with one device, the first).
 
     One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
     none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
@@ -218,21 +219,21 @@ def _incumbent(
         candidates = (offload(problem, 0), None if baseline is None else baseline[1])
         found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
         single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
-        return single, single
+        return single, (single,)
     share = None if time_limit is None else time_limit / (4 * problem.num_devices)
-    singles = []
+    singles: list[Schedule | None] = []
     for device in range(problem.num_devices):
-        alone = on_device(problem, device)
+        alone, schedule = on_device(problem, device), None
         if problem.budgets[device] >= quick_lower_bound(alone):
             start = time.perf_counter()
             warm = _incumbent(alone, solver, None, stop)[0]
             schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
-            singles.extend([] if schedule is None else [placed(schedule, device)])
+        singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
     offloaded = [schedule for c, s in pairs if (schedule := offload(problem, c, s)) and _fits(problem, schedule)]
-    single = min(singles, key=lambda schedule: _cost(problem, schedule), default=None)
-    best = min([*singles, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
-    return best, single
+    found = [schedule for schedule in singles if schedule is not None]
+    best = min([*found, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
+    return best, tuple(singles)
 
 
 def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
@@ -306,13 +307,13 @@ def _result(
     model_objective: float,
     seconds: float,
     solver: str,
-    single_device: Schedule | None,
+    alone: tuple[Schedule | None, ...],
 ) -> SolveResult:
     """Check `schedule` and state its cost with a bound clamped to [the memory-cut bound, objective]."""
     objective = check_schedule(problem, schedule).total_cost
     bound = min(max(bound if bound is not None else 0.0, cut_lower_bound(problem)), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
-    single = None if single_device is None else _cost(problem, single_device)
-    return SolveResult(
-        schedule, status, objective, bound, gap, seconds, solver, model_objective, single, single_device
-    )
+    costs = [_cost(problem, single) for single in alone if single is not None]
+    single = min(costs, default=None)
+    devices = alone if problem.num_devices > 1 else ()
+    return SolveResult(schedule, status, objective, bound, gap, seconds, solver, model_objective, single, devices)

@@ -42,7 +42,7 @@ COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
 DEFAULT_TIME_LIMIT = 60.0
 RACE_ROUNDS = 15
-"""Rounds of running the mixed and the single-device schedule in turn when picking by running."""
+"""Rounds of running the candidate schedules in turn when picking by running."""
 
 
 @dataclass(frozen=True)

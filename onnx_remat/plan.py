@@ -133,6 +133,7 @@ def baselines(problem: Problem) -> dict[str, BaselineResult]:
     results = {}
     for name, schedule in placed_baselines(problem):
         simulation = simulate(problem, schedule)
-        fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
-        results[name] = BaselineResult(simulation.total_cost, max(simulation.peak_bytes), fits)
+        results[name] = BaselineResult(
+            simulation.total_cost, max(simulation.peak_bytes), simulation.fits(problem.budgets)
+        )
     return results

@@ -88,10 +88,7 @@ class OnnxRuntime(Runtime):
         return _ORT_MEMORY.get(self.device.provider, "cpu")
 
     def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
-        session = ort.InferenceSession(
-            model.SerializeToString(), session_options(threads=self.device.threads),
-            providers=[self.device.provider], disabled_optimizers=["CommonSubexpressionElimination"],
-        )
+        session = self._session(model, session_options(threads=self.device.threads))
         binding = session.io_binding()
         names = [output.name for output in session.get_outputs()]
 
@@ -113,8 +110,7 @@ class OnnxRuntime(Runtime):
         with tempfile.TemporaryDirectory() as directory:
             options.enable_profiling = True
             options.profile_file_prefix = str(Path(directory) / "profile")
-            session = ort.InferenceSession(model.SerializeToString(), options, providers=[self.device.provider],
-                                           disabled_optimizers=["CommonSubexpressionElimination"])
+            session = self._session(model, options)
             session.run(None, feeds)
             for _ in range(runs):
                 session.run(None, feeds)
@@ -130,6 +126,12 @@ class OnnxRuntime(Runtime):
             seen.add(name)
             per_run[-1][name] = event["dur"] * 1e-6
         return per_run[-runs:]
+
+    def _session(self, model: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+        """A session of `model` on the device's provider, without common-subexpression merging (it undoes
+        recomputation)."""
+        return ort.InferenceSession(model.SerializeToString(), options, providers=[self.device.provider],
+                                    disabled_optimizers=["CommonSubexpressionElimination"])
 
     def from_host(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self.memory, 0)
@@ -149,8 +151,7 @@ class OpenVino(Runtime):
     An output value is its request's tensor, alive as long as a reference to it is."""
 
     def compile(self, model: onnx.ModelProto) -> Callable[[Values], Values]:
-        core = _openvino_core()
-        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, self._config())
+        compiled = self._compiled(model, {})
         names = [output.name for output in model.graph.output]
 
         def run(values: Values) -> Values:
@@ -165,9 +166,7 @@ class OpenVino(Runtime):
         return run
 
     def node_seconds(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> list[dict[str, float]]:
-        core = _openvino_core()
-        compiled = core.compile_model(core.read_model(model.SerializeToString()), self.device.provider,
-                                      {**self._config(), "PERF_COUNT": True})
+        compiled = self._compiled(model, {"PERF_COUNT": True})
         request = compiled.create_infer_request()
         request.infer(feeds)
         per_run = []
@@ -181,12 +180,13 @@ class OpenVino(Runtime):
         # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
         return ov.Tensor(np.ascontiguousarray(array).view(np.dtype(array.dtype.str)))
 
-    def _config(self) -> dict[str, Any]:
-        """Compile settings: f32, latency hint, the device's thread limit."""
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    def _compiled(self, model: onnx.ModelProto, extra: dict[str, Any]) -> ov.CompiledModel:
+        """`model` compiled on the device: f32, latency hint, the device's thread limit, and `extra` settings."""
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", **extra}
         if self.device.threads:
             config["INFERENCE_NUM_THREADS"] = self.device.threads
-        return config
+        core = _openvino_core()
+        return core.compile_model(core.read_model(model.SerializeToString()), self.device.provider, config)
 
     def to_host(self, value: ov.Tensor) -> np.ndarray:
         return np.array(value.data)

@@ -9,6 +9,7 @@ on some device and every operator has been computed at least once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onnx_remat.errors import ScheduleError
@@ -28,6 +29,10 @@ class Simulation:
     @property
     def total_cost(self) -> float:
         return self.compute_cost + self.copy_cost
+
+    def fits(self, budgets: Sequence[int]) -> bool:
+        """Whether every device's peak is within its budget."""
+        return all(peak <= budget for peak, budget in zip(self.peak_bytes, budgets, strict=True))
 
 
 class _Replay:

@@ -81,18 +81,23 @@ class Row:
     picked: MeasuredChoice | None
 
 
-def solve_case(
-    prepared: PreparedModel,
-    problem: Problem,
-    opmap: OpMap,
-    devices: tuple[Device, ...],
-    case: str,
-    time_limit: float,
-    repeats: int,
-    headroom: float,
-) -> Row:
-    """Solve `problem` (budgets set, `headroom` of each left free) on each device alone and on all; execute and time
-    every schedule."""
+@dataclass(frozen=True)
+class Setting:
+    """What every case of one network and mode shares: the model, its operators, the devices and the run options."""
+
+    prepared: PreparedModel
+    opmap: OpMap
+    devices: tuple[Device, ...]
+    time_limit: float
+    repeats: int
+    headroom: float
+
+
+def solve_case(setting: Setting, problem: Problem, case: str) -> Row:
+    """Solve `problem` (budgets set, the setting's headroom of each left free) on each device alone and on all;
+    execute and time every schedule."""
+    prepared, opmap, devices = setting.prepared, setting.opmap, setting.devices
+    time_limit, repeats, headroom = setting.time_limit, setting.repeats, setting.headroom
     planned = with_headroom(problem, headroom, (0,) * problem.num_devices)
     singles = []
     for d, device in enumerate(devices):
@@ -156,21 +161,12 @@ def mixed_only_candidates(problem: Problem, alone: list[int]) -> list[list[int]]
     return candidates + [[int(below * a) for a in alone] for below in (0.95, 0.9)]
 
 
-def mixed_only_row(
-    prepared: PreparedModel,
-    problem: Problem,
-    opmap: OpMap,
-    devices: tuple[Device, ...],
-    case: str,
-    time_limit: float,
-    repeats: int,
-    headroom: float,
-) -> Row | None:
+def mixed_only_row(setting: Setting, problem: Problem, case: str) -> Row | None:
     """The first candidate budgets where the solver finds a mixed schedule and neither device fits alone."""
     alone = single_minima(problem)
     for values in mixed_only_candidates(problem, alone):
         try:
-            row = solve_case(prepared, budgets(problem, values), opmap, devices, case, time_limit, repeats, headroom)
+            row = solve_case(setting, budgets(problem, values), case)
         except RematError:
             continue
         if all(single.predicted is None for single in row.singles):
@@ -275,6 +271,7 @@ def main() -> None:
             prepared = prepare(build(network, batch=args.batch, resolution=args.resolution), mode)
             graph, _ = costed_problem(prepared, devices, args.cost_model)
             problem = graph.problem
+            setting = Setting(prepared, graph.opmap, devices, args.time_limit, args.repeats, args.headroom)
             alone = single_minima(problem)
             cases = [
                 ("100%", [problem.keep_all_bytes(d) for d in range(2)]),
@@ -284,21 +281,11 @@ def main() -> None:
                 ),
             ]
             for label, values in cases:
-                row = solve_case(
-                    prepared,
-                    budgets(problem, values),
-                    graph.opmap,
-                    devices,
-                    f"{network} {mode} T={problem.num_ops} {label}",
-                    args.time_limit,
-                    args.repeats,
-                    args.headroom,
-                )
+                row = solve_case(setting, budgets(problem, values), f"{network} {mode} T={problem.num_ops} {label}")
                 add_row(table, row)
             if network == args.mixed_only and mode == "train":
                 case = f"{network} {mode} T={problem.num_ops} mixed only"
-                row = mixed_only_row(prepared, problem, graph.opmap, devices, case, args.time_limit, args.repeats,
-                                     args.headroom)
+                row = mixed_only_row(setting, problem, case)
                 if row is None:
                     console.print(f"{network} {mode}: no budgets found where only a mixed schedule fits")
                 else:

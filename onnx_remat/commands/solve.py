@@ -116,8 +116,8 @@ def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:
     for name, schedule in placed_baselines(problem):
         if name.split("@")[0] in SHOWN_BASELINES:
             simulation = simulate(problem, schedule)
-            fits = all(p <= b for p, b in zip(simulation.peak_bytes, problem.budgets, strict=True))
-            rows[name] = {"seconds": simulation.total_cost, "peak_bytes": list(simulation.peak_bytes), "fits": fits}
+            rows[name] = {"seconds": simulation.total_cost, "peak_bytes": list(simulation.peak_bytes),
+                          "fits": simulation.fits(problem.budgets)}
     return rows
 
 

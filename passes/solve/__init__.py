@@ -267,8 +267,7 @@ def _pick(
 
 def _fits(problem: Problem, schedule: Schedule) -> bool:
     """Whether the simulated peaks of a (valid) schedule are within every budget."""
-    peaks = simulate(problem, schedule).peak_bytes
-    return all(peak <= budget for peak, budget in zip(peaks, problem.budgets, strict=True))
+    return simulate(problem, schedule).fits(problem.budgets)
 
 
 def _cost(problem: Problem, schedule: Schedule) -> float:

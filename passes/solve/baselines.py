@@ -137,8 +137,7 @@ def best_segmented(problem: Problem) -> Schedule | None:
         for schedule in every_segment_length(on_device(problem, device)):
             schedule = placed(schedule, device)
             simulation = simulate(problem, schedule)
-            fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
-            if fits and (best is None or simulation.total_cost < best[0]):
+            if simulation.fits(problem.budgets) and (best is None or simulation.total_cost < best[0]):
                 best = (simulation.total_cost, schedule)
     return None if best is None else best[1]
 
@@ -148,7 +147,6 @@ def best_baseline(problem: Problem) -> tuple[str, Schedule] | None:
     best: tuple[float, str, Schedule] | None = None
     for name, schedule in placed_baselines(problem):
         simulation = simulate(problem, schedule)
-        fits = all(peak <= budget for peak, budget in zip(simulation.peak_bytes, problem.budgets, strict=True))
-        if fits and (best is None or simulation.total_cost < best[0]):
+        if simulation.fits(problem.budgets) and (best is None or simulation.total_cost < best[0]):
             best = (simulation.total_cost, name, schedule)
     return None if best is None else (best[1], best[2])

@@ -139,18 +139,20 @@ def minimum_equal_budget(problem: Problem) -> MinBudget:
     on each device, parking on each other one or nowhere) or a baseline on one device fits; it equals `lower`
     when that is proven minimal. Seconds at any size: no MILP runs, so in between nothing is proven."""
     lower = equal_budget_lower_bound(problem)
-
-    def fitting(budget: int) -> Schedule | None:
-        equal = replace(problem, budgets=(budget,) * problem.num_devices)
-        return _evicting(equal) or _fitting(equal, (schedule for _, schedule in placed_baselines(equal)))
-
-    return MinBudget(lower, _least_budget(fitting, lower, max(_keep_all_room(problem), lower))[0])
+    return MinBudget(lower, _least_budget(
+        lambda budget: _fitting_equal(problem, budget), lower, max(_keep_all_room(problem), lower)
+    )[0])
 
 
 def fits_equal_budget(problem: Problem, budget: int) -> bool:
     """Whether a heuristic schedule (the offloading heuristic or a baseline) fits `budget` on every device."""
+    return _fitting_equal(problem, budget) is not None
+
+
+def _fitting_equal(problem: Problem, budget: int) -> Schedule | None:
+    """A heuristic schedule (the offloading heuristic or a baseline) within `budget` on every device, or None."""
     equal = replace(problem, budgets=(budget,) * problem.num_devices)
-    return _evicting(equal) is not None or _fitting(equal, (s for _, s in placed_baselines(equal))) is not None
+    return _evicting(equal) or _fitting(equal, (schedule for _, schedule in placed_baselines(equal)))
 
 
 def _keep_all_room(problem: Problem) -> int:
@@ -187,9 +189,4 @@ def _evicting(problem: Problem) -> Schedule | None:
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:
     """The first of `schedules` that is not None and fits every budget, or None."""
-    for schedule in schedules:
-        if schedule is not None and all(
-            peak <= budget for peak, budget in zip(simulate(problem, schedule).peak_bytes, problem.budgets, strict=True)
-        ):
-            return schedule
-    return None
+    return next((s for s in schedules if s is not None and simulate(problem, s).fits(problem.budgets)), None)

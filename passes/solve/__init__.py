@@ -3,10 +3,12 @@
 `solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
 and the eviction heuristic; with several devices also each device solved alone), runs the backend and checks
 the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
-and the best heuristic schedule is the answer. The stated bound is the backend's or the memory-cut bound,
-whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best schedule found so
-far, with status "interrupted"; a second Ctrl-C aborts. A time limit holds for the whole solve: the backend gets
-what is left of it after the warm starts and model building, less a reserve, and a timer stops it if it overruns.
+and the best heuristic schedule is the answer. Before the backend runs, the memory-cut bound (lower_bound.py) is
+proven, which spares the backend where it shows the heuristics' schedule optimal; the stated bound is the
+backend's or that one, whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best
+schedule found so far, with status "interrupted"; a second Ctrl-C aborts. A time limit holds for the whole solve:
+the backend gets what is left of it after the warm starts, the bound and model building, less a reserve, and a
+timer stops it if it overruns.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from onnx_remat.passes.solve.checkmate_milp import (
 )
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
-from onnx_remat.passes.solve.lower_bound import cut_lower_bound
+from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
@@ -54,9 +56,27 @@ such a run within the time limit now, but it would add nothing."""
 
 
 DEADLINE_RESERVE = 1.0
-"""Seconds of a time limit (at least 5% of it) kept from the backend for checking and pruning the answer and the
-memory-cut bound, and for the backend overrunning its own limit (HiGHS: up to a second, measured; in its child
-process, at most child.GRACE after the deadline timer)."""
+"""Seconds of a time limit (at least 5% of it) kept from the backend for checking and pruning the answer, and for
+the backend overrunning its own limit (HiGHS: up to a second, measured; in its child process, at most child.GRACE
+after the deadline timer)."""
+
+
+OPTIMALITY_GAP = 1e-4
+"""Relative gap at which a schedule counts as optimal: the backends' own (HiGHS's mip_rel_gap), and the memory-cut
+bound's, which spares the MILP when it proves the heuristics' schedule."""
+
+BOUND_SHARE = 0.1
+"""Share of a time limit given to proving the memory-cut bound (at most its own default time)."""
+
+
+def _proven(problem: Problem, incumbent: Schedule | None, bound: float) -> bool:
+    """Whether `bound` proves `incumbent` optimal within OPTIMALITY_GAP."""
+    return incumbent is not None and _cost(problem, incumbent) - bound <= OPTIMALITY_GAP * _cost(problem, incumbent)
+
+
+def _bound_seconds(time_limit: float | None) -> float:
+    """Seconds for proving the memory-cut bound within a solve of `time_limit` seconds (None: no limit)."""
+    return BOUND_SECONDS if time_limit is None else min(BOUND_SECONDS, BOUND_SHARE * time_limit)
 
 
 def _reserve(time_limit: float) -> float:
@@ -107,7 +127,13 @@ def solve(
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
         incumbent, alone = _incumbent(problem, backend, time_limit, stop)
-        schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
+        cut_bound = 0.0 if stop.is_set() else cut_lower_bound(problem, _bound_seconds(time_limit))
+        if progress is not None and incumbent is not None:
+            progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
+        if _proven(problem, incumbent, cut_bound):
+            schedule, status, bound = incumbent, "optimal", cut_bound
+        else:
+            schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
     if status == "interrupted" and timed_out.is_set():
         status = "time_limit" if schedule is not incumbent else "heuristic"
     if schedule is None:
@@ -116,6 +142,7 @@ def solve(
     schedule = prune_unread(problem, schedule)
     alone = tuple(None if single is None else prune_unread(problem, single) for single in alone)
     seconds = time.perf_counter() - start
+    bound = max(bound if bound is not None else 0.0, cut_bound)
     return _result(problem, schedule, status, bound, model_objective, seconds, backend, alone)
 
 
@@ -302,15 +329,15 @@ def _result(
     problem: Problem,
     schedule: Schedule,
     status: str,
-    bound: float | None,
+    bound: float,
     model_objective: float,
     seconds: float,
     solver: str,
     alone: tuple[Schedule | None, ...],
 ) -> SolveResult:
-    """Check `schedule` and state its cost with a bound clamped to [the memory-cut bound, objective]."""
+    """Check `schedule` and state its cost with `bound` clamped to the objective."""
     objective = check_schedule(problem, schedule).total_cost
-    bound = min(max(bound if bound is not None else 0.0, cut_lower_bound(problem)), objective)
+    bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     costs = [_cost(problem, single) for single in alone if single is not None]
     single = min(costs, default=None)

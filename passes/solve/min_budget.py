@@ -139,9 +139,10 @@ def minimum_equal_budget(problem: Problem) -> MinBudget:
     on each device, parking on each other one or nowhere) or a baseline on one device fits; it equals `lower`
     when that is proven minimal. Seconds at any size: no MILP runs, so in between nothing is proven."""
     lower = equal_budget_lower_bound(problem)
-    return MinBudget(lower, _least_budget(
-        lambda budget: _fitting_equal(problem, budget), lower, max(_keep_all_room(problem), lower)
-    )[0])
+    return MinBudget(
+        lower,
+        _least_budget(lambda budget: _fitting_equal(problem, budget), lower, max(_keep_all_room(problem), lower))[0],
+    )
 
 
 def fits_equal_budget(problem: Problem, budget: int) -> bool:

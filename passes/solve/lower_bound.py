@@ -14,7 +14,7 @@ operator once on its cheapest device (the trivial bound), an output costs
   that a later operator reads it after: its way back, a copy home, a recomputation or a reader computed on the
   other device (charged to that reader as its computation there). A recomputation may be both the way back and
   the one a cut where it is held nowhere asks for, and a computation on d is also an arrival there, so the model
-  charges the largest of (arrivals + way back), (arrivals + recomputation) and (computations + recomputation).
+  charges the largest of (arrivals or computations) + (way back or recomputation), not their sum.
 Each output pays each of these at most once however many cuts need it, the arrivals on distinct devices and a
 recomputation are distinct events (a recomputation on d that is also the arrival on d costs both), and distinct
 outputs' events are distinct: so the cheapest placement of every output at every cut at once, each output's costs
@@ -157,12 +157,14 @@ def _joint_cuts(problem: Problem, costs: np.ndarray, cheapest: np.ndarray, time_
         arrive = [(each.held_on[d, i], -arrival[d, i] / scale) for d in range(devices)]
         recompute = (each.dropped[i], -cheapest[i] / scale)
         lp.row([(charged[i], 1.0), *arrive, *first, recompute], 0.0)
-        lp.row([(charged[i], 1.0), *((each.computed_on[d, i], -extra[d, i]) for d in range(devices)), recompute], 0.0)
+        computations = [(each.computed_on[d, i], -extra[d, i]) for d in range(devices)]
+        lp.row([(charged[i], 1.0), *computations, recompute], 0.0)
         for d in range(devices):
             lp.row([(each.held_on[d, i], 1.0), (each.computed_on[d, i], -1.0)], 0.0)
         if home is not None and problem.successors[i]:
             way_back = _add_way_back(lp, problem, each, home, i, scale)
             lp.row([(charged[i], 1.0), *arrive, *first, way_back], 0.0)
+            lp.row([(charged[i], 1.0), *computations, way_back], 0.0)
     bound = lp.lower_bound(time_limit)
     return 0.0 if bound is None else max(0.0, bound) * scale * (1 - BOUND_TOLERANCE)
 

@@ -256,7 +256,7 @@ def test_unknown_solver_names_the_valid_ones():
 def test_no_incumbent_falls_back_to_the_best_baseline(monkeypatch):
     problem = with_budget(training_chain(4), 10**6)
     monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, "time_limit", None))
-    monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds: 0.0)  # proves nothing
+    monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing
     result = solve_module.solve(problem)
     name, schedule = best_baseline(problem)
     assert (result.status, result.schedule, name) == ("heuristic", schedule, "keep-all")
@@ -370,7 +370,7 @@ def test_stop_before_the_milp_returns_the_warm_start(monkeypatch):
         return MilpOutcome(None, "interrupted", None)
 
     monkeypatch.setitem(BACKENDS, "highs", interrupted)
-    monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds: 0.0)  # proves nothing
+    monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing
     result = solve_module.solve(problem)
     assert result.status == "interrupted"
     assert result.objective == pytest.approx(simulate(problem, best_baseline(problem)[1]).total_cost)

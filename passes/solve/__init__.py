@@ -127,7 +127,7 @@ def solve(
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
         incumbent, alone = _incumbent(problem, backend, time_limit, stop)
-        cut_bound = 0.0 if stop.is_set() else cut_lower_bound(problem, _bound_seconds(time_limit))
+        cut_bound = cut_lower_bound(problem, _bound_seconds(time_limit), stop)
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
         if _proven(problem, incumbent, cut_bound):

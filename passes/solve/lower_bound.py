@@ -25,12 +25,15 @@ smaller than the schedule's; the bound is the trivial one plus HiGHS's proven bo
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import sparse
-from scipy.optimize import LinearConstraint, milp
 
+from onnx_remat.passes.solve.checkmate_milp import SparseMilp
+from onnx_remat.passes.solve.highs_worker import model_arrays, run
 from onnx_remat.passes.solve.min_budget import step_bytes
 from onnx_remat.problem import Problem
 
@@ -91,21 +94,18 @@ class CutMilp:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
-    def lower_bound(self, time_limit: float) -> float | None:
+    def lower_bound(self, time_limit: float, stop: threading.Event) -> float | None:
         """HiGHS's proven bound on the optimum with the [0, 1] columns integral, after at most `time_limit`
-        seconds; None if it proves none (infeasible: no placement fits; or the root LP not solved in time)."""
-        shape = (len(self.row_lower), len(self.cost))
-        matrix = sparse.csr_matrix((self.values, (self.rows, self.cols)), shape=shape)
+        seconds or until `stop`; None if it proves none (no placement fits, or the root LP unsolved)."""
         upper = np.array(self.upper)
-        result = milp(
-            np.array(self.cost),
-            constraints=LinearConstraint(matrix, np.array(self.row_lower), np.array(self.row_upper)),
-            bounds=(np.zeros(shape[1]), upper),
-            integrality=(upper == 1.0).astype(int),
-            options={"time_limit": time_limit},
-        )
-        bound = getattr(result, "mip_dual_bound", None)
-        return float(bound) if result.status in (0, 1) and bound is not None and np.isfinite(bound) else None
+        matrix = sparse.csr_matrix((self.values, (self.rows, self.cols)), shape=(len(self.row_lower), len(upper)))
+        model = SparseMilp(
+            np.array(self.cost), np.zeros(len(upper)), upper, upper == 1.0, matrix,
+            np.array(self.row_lower), np.array(self.row_upper),
+        )  # fmt: skip
+        options = {"threads": 2, "random_seed": 0}
+        status, _, bound = run(model_arrays(model), options, None, stop, deadline=time.time() + time_limit)
+        return None if status == "infeasible" else bound
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,19 @@ class OutputColumns:
     """[i]: held nowhere at some cut that a later operator reads it after."""
 
 
-def cut_lower_bound(problem: Problem, time_limit: float = BOUND_SECONDS) -> float:
-    """A lower bound in seconds on every schedule of `problem` within its budgets, proven within `time_limit`."""
+def cut_lower_bound(problem: Problem, time_limit: float = BOUND_SECONDS, stop: threading.Event | None = None) -> float:
+    """A lower bound in seconds on every schedule of `problem` within its budgets, proven within `time_limit`
+    seconds or until `stop` is set (already set: the trivial bound)."""
     costs = np.array(problem.cost, dtype=float)
     cheapest = costs.min(axis=0)
-    return float(cheapest.sum() + _joint_cuts(problem, costs, cheapest, time_limit))
+    if stop is not None and stop.is_set():
+        return float(cheapest.sum())
+    return float(cheapest.sum() + _joint_cuts(problem, costs, cheapest, time_limit, stop or threading.Event()))
 
 
-def _joint_cuts(problem: Problem, costs: np.ndarray, cheapest: np.ndarray, time_limit: float) -> float:
+def _joint_cuts(
+    problem: Problem, costs: np.ndarray, cheapest: np.ndarray, time_limit: float, stop: threading.Event
+) -> float:
     """The least extra cost over all memory-short cuts at once (see the module docstring), in seconds."""
     devices, n = costs.shape
     arrival = _arrival_costs(problem, costs, cheapest)
@@ -165,7 +170,7 @@ def _joint_cuts(problem: Problem, costs: np.ndarray, cheapest: np.ndarray, time_
             way_back = _add_way_back(lp, problem, each, home, i, scale)
             lp.row([(charged[i], 1.0), *arrive, *first, way_back], 0.0)
             lp.row([(charged[i], 1.0), *computations, way_back], 0.0)
-    bound = lp.lower_bound(time_limit)
+    bound = lp.lower_bound(time_limit, stop)
     return 0.0 if bound is None else max(0.0, bound) * scale * (1 - BOUND_TOLERANCE)
 
 

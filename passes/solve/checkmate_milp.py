@@ -223,7 +223,7 @@ def _values(index: np.ndarray, x: np.ndarray) -> np.ndarray:
     return values
 
 
-class _Builder:
+class MilpBuilder:
     """Accumulates columns and rows as flat lists, then packs them into a SparseMilp."""
 
     def __init__(self) -> None:
@@ -285,7 +285,7 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     cost_unit = max((c for row in problem.cost for c in row), default=0.0) or 1.0
     largest = max(problem.keep_all_bytes(d) for d in range(devices)) + max(problem.workspace_bytes, default=0)
     memory_unit = max(1.0, largest / MEMORY_STEPS)
-    b = _Builder()
+    b = MilpBuilder()
     r = np.stack([_triangle(n, 0, b, integer=True) for _ in range(devices)])
     s = np.stack([_held_columns(problem, b) for _ in range(devices)])
     c = _copy_columns(problem, b)
@@ -310,7 +310,7 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, peak, peak_col, unit, memory_unit)
 
 
-def _triangle(n: int, diagonal: int, b: _Builder, integer: bool, upper: float = 1.0) -> np.ndarray:
+def _triangle(n: int, diagonal: int, b: MilpBuilder, integer: bool, upper: float = 1.0) -> np.ndarray:
     """An n x n index matrix of new columns on and below `diagonal` (0: i <= t, -1: i < t), else -1."""
     index = np.full((n, n), -1, dtype=np.int64)
     rows, cols = np.tril_indices(n, diagonal)
@@ -318,7 +318,7 @@ def _triangle(n: int, diagonal: int, b: _Builder, integer: bool, upper: float = 
     return index
 
 
-def _held_columns(problem: Problem, b: _Builder) -> np.ndarray:
+def _held_columns(problem: Problem, b: MilpBuilder) -> np.ndarray:
     """S of one device: (T+1) x T, i < t, and in row T the graph outputs (held at the end)."""
     n = problem.num_ops
     index = np.vstack([_triangle(n, -1, b, integer=True), np.full((1, n), -1, dtype=np.int64)])
@@ -327,7 +327,7 @@ def _held_columns(problem: Problem, b: _Builder) -> np.ndarray:
     return index
 
 
-def _copy_columns(problem: Problem, b: _Builder) -> np.ndarray:
+def _copy_columns(problem: Problem, b: MilpBuilder) -> np.ndarray:
     """C[d,e,t,i] for d != e and i <= t, if something reads i or i is a graph output."""
     n, devices = problem.num_ops, problem.num_devices
     index = np.full((devices, devices, n, n), -1, dtype=np.int64)
@@ -340,7 +340,7 @@ def _copy_columns(problem: Problem, b: _Builder) -> np.ndarray:
     return index
 
 
-def _objective(problem: Problem, b: _Builder, r: np.ndarray, c: np.ndarray, cost_unit: float) -> None:
+def _objective(problem: Problem, b: MilpBuilder, r: np.ndarray, c: np.ndarray, cost_unit: float) -> None:
     """Seconds of every compute and every copy, in units of `cost_unit`."""
     for d, costs in enumerate(problem.cost):
         for (_, i), col in np.ndenumerate(r[d]):
@@ -351,7 +351,7 @@ def _objective(problem: Problem, b: _Builder, r: np.ndarray, c: np.ndarray, cost
             b.cost[col] = problem.copy_seconds(i, d, e) / cost_unit
 
 
-def _stage_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
+def _stage_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
     """Keep only what was held, computed or copied in; compute only from that; the frontier; outputs at the end."""
     n, devices = problem.num_ops, problem.num_devices
     for e in range(devices):
@@ -371,7 +371,7 @@ def _stage_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: 
         b.at_least_one(s[:, n, i])
 
 
-def _used_row(problem: Problem, b: _Builder, rsc: tuple[np.ndarray, ...], e: int, t: int, i: int) -> None:
+def _used_row(problem: Problem, b: MilpBuilder, rsc: tuple[np.ndarray, ...], e: int, t: int, i: int) -> None:
     """R[e,t,i] <= readers of i computed later on e in stage t + S[e,t+1,i] + copies of i out of e.
 
     Dropping a recompute nobody uses never costs more or needs more memory, so the optimum is
@@ -382,7 +382,7 @@ def _used_row(problem: Problem, b: _Builder, rsc: tuple[np.ndarray, ...], e: int
     b.at_most(r[e, t, i], [*readers, s[e, t + 1, i], *c[e, :, t, i]])
 
 
-def _copy_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
+def _copy_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, c: np.ndarray) -> None:
     """C[d,e,t,i] <= R[d,t,i] + S[d,t,i] (the source has it) and <= its readers on e in stage t + S[e,t+1,i]."""
     for (d, e, t, i), col in np.ndenumerate(c):
         if col >= 0:
@@ -392,7 +392,7 @@ def _copy_rows(problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, c: n
 
 
 def _free_rows(
-    problem: Problem, b: _Builder, r: np.ndarray, s: np.ndarray, frees: tuple[FreeVar, ...], cols: np.ndarray
+    problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, frees: tuple[FreeVar, ...], cols: np.ndarray
 ) -> None:
     """FREE[d,t,i,k] <= R[d,t,k] (k == i: + S[d,t,i]), <= 1 - S[d,t+1,i], <= 1 - R[d,t,j] for readers j after k."""
     for f, col in zip(frees, cols, strict=True):
@@ -408,7 +408,7 @@ def _free_rows(
 
 def _memory_rows(
     problem: Problem,
-    b: _Builder,
+    b: MilpBuilder,
     rscu: tuple[np.ndarray, ...],
     frees: tuple[FreeVar, ...],
     free_cols: np.ndarray,
@@ -446,7 +446,7 @@ def _arrivals(r: np.ndarray, c: np.ndarray, d: int, t: int, k: int) -> list[int]
 
 def _limit_rows(
     problem: Problem,
-    b: _Builder,
+    b: MilpBuilder,
     r: np.ndarray,
     u: np.ndarray,
     memory_unit: float,

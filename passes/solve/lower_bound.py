@@ -25,14 +25,14 @@ smaller than the schedule's; the bound is the trivial one plus HiGHS's proven bo
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-from scipy import sparse
 
-from onnx_remat.passes.solve.checkmate_milp import SparseMilp
+from onnx_remat.passes.solve.checkmate_milp import MilpBuilder, SparseMilp
 from onnx_remat.passes.solve.highs_worker import model_arrays, run
 from onnx_remat.passes.solve.min_budget import step_bytes
 from onnx_remat.problem import Problem
@@ -63,49 +63,25 @@ class Cut:
     """The last stage: nothing can be computed after it, so every held output must be held somewhere."""
 
 
-@dataclass
-class CutMilp:
-    """A sparse model grown column block by column block and row by row: min cost.x, lower <= A.x <= upper, the
-    columns within [0, 1] integral."""
+class CutMilp(MilpBuilder):
+    """The cut model as it grows: 0/1 columns, rows given as (column, coefficient) terms."""
 
-    cost: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)
-    cols: list[int] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    row_lower: list[float] = field(default_factory=list)
-    row_upper: list[float] = field(default_factory=list)
+    def binary(self, count: int, upper: float = 1.0) -> np.ndarray:
+        """`count` new integral columns in [0, upper]; their indices."""
+        return self.columns(count, 0.0, upper, integer=True)
 
-    def columns(self, count: int, cost: float = 0.0, upper: float = 1.0) -> np.ndarray:
-        """`count` new columns in [0, upper] with objective coefficient `cost`; their indices."""
-        first = len(self.cost)
-        self.cost.extend([cost] * count)
-        self.upper.extend([upper] * count)
-        return np.arange(first, first + count)
+    def terms(self, terms: list[tuple[int, float]], lower: float, upper: float = math.inf) -> None:
+        """lower <= sum of coefficient * column over `terms` <= upper."""
+        kept = [(int(col), float(value)) for col, value in terms if value != 0.0]
+        self.row([col for col, _ in kept], [value for _, value in kept], lower, upper)
 
-    def row(self, terms: list[tuple[int, float]], lower: float, upper: float = np.inf) -> None:
-        """lower <= sum of value * column over `terms` <= upper."""
-        row = len(self.row_lower)
-        for col, value in terms:
-            if value != 0.0:
-                self.rows.append(row)
-                self.cols.append(int(col))
-                self.values.append(float(value))
-        self.row_lower.append(lower)
-        self.row_upper.append(upper)
 
-    def lower_bound(self, time_limit: float, stop: threading.Event) -> float | None:
-        """HiGHS's proven bound on the optimum with the [0, 1] columns integral, after at most `time_limit`
-        seconds or until `stop`; None if it proves none (no placement fits, or the root LP unsolved)."""
-        upper = np.array(self.upper)
-        matrix = sparse.csr_matrix((self.values, (self.rows, self.cols)), shape=(len(self.row_lower), len(upper)))
-        model = SparseMilp(
-            np.array(self.cost), np.zeros(len(upper)), upper, upper == 1.0, matrix,
-            np.array(self.row_lower), np.array(self.row_upper),
-        )  # fmt: skip
-        options = {"threads": 2, "random_seed": 0}
-        status, _, bound = run(model_arrays(model), options, None, stop, deadline=time.time() + time_limit)
-        return None if status == "infeasible" else bound
+def _proven_bound(milp: SparseMilp, time_limit: float, stop: threading.Event) -> float | None:
+    """HiGHS's proven bound on the optimum of `milp` after at most `time_limit` seconds or until `stop`; None if it
+    proves none (no placement fits, or the root LP unsolved)."""
+    options = {"threads": 2, "random_seed": 0}
+    status, _, bound = run(model_arrays(milp), options, None, stop, deadline=time.time() + time_limit)
+    return None if status == "infeasible" else bound
 
 
 @dataclass(frozen=True)
@@ -152,25 +128,27 @@ def _joint_cuts(
     scale = float(np.abs(costs).max()) or 1.0
     unit = max(float(max(problem.output_bytes)), float(max(c.step_bytes for c in cuts)), 1.0)
     lp = CutMilp()
-    charged = lp.columns(n, 1.0, np.inf)
-    held_on, computed_on = (lp.columns(devices * n).reshape(devices, n) for _ in range(2))
-    each = OutputColumns(charged, held_on, computed_on, lp.columns(n), lp.columns(n))
+    charged = lp.columns(n, 0.0, math.inf, integer=False)
+    for column in charged:
+        lp.cost[column] = 1.0
+    held_on, computed_on = (lp.binary(devices * n).reshape(devices, n) for _ in range(2))
+    each = OutputColumns(charged, held_on, computed_on, lp.binary(n), lp.binary(n))
     runs_on = {cut.op: _add_cut(lp, cut, problem, each, home, capacity / unit, unit) for cut in cuts}
     extra = (costs - cheapest) / scale
     for i in range(n):
         first = [(runs_on[i][d], -(extra - arrival / scale)[d, i]) for d in range(devices)] if i in runs_on else []
         arrive = [(each.held_on[d, i], -arrival[d, i] / scale) for d in range(devices)]
         recompute = (each.dropped[i], -cheapest[i] / scale)
-        lp.row([(charged[i], 1.0), *arrive, *first, recompute], 0.0)
+        lp.terms([(charged[i], 1.0), *arrive, *first, recompute], 0.0)
         computations = [(each.computed_on[d, i], -extra[d, i]) for d in range(devices)]
-        lp.row([(charged[i], 1.0), *computations, recompute], 0.0)
+        lp.terms([(charged[i], 1.0), *computations, recompute], 0.0)
         for d in range(devices):
-            lp.row([(each.held_on[d, i], 1.0), (each.computed_on[d, i], -1.0)], 0.0)
+            lp.terms([(each.held_on[d, i], 1.0), (each.computed_on[d, i], -1.0)], 0.0)
         if home is not None and problem.successors[i]:
             way_back = _add_way_back(lp, problem, each, home, i, scale)
-            lp.row([(charged[i], 1.0), *arrive, *first, way_back], 0.0)
-            lp.row([(charged[i], 1.0), *computations, way_back], 0.0)
-    bound = lp.lower_bound(time_limit, stop)
+            lp.terms([(charged[i], 1.0), *arrive, *first, way_back], 0.0)
+            lp.terms([(charged[i], 1.0), *computations, way_back], 0.0)
+    bound = _proven_bound(lp.build(unit), time_limit, stop)
     return 0.0 if bound is None else max(0.0, bound) * scale * (1 - BOUND_TOLERANCE)
 
 
@@ -183,10 +161,11 @@ def _cuts(problem: Problem, free: np.ndarray, capacity: np.ndarray) -> list[Cut]
     for t in range(problem.num_ops):
         inputs = set(problem.predecessors[t])
         held = [i for i in range(t) if (last_read[i] > t or i in outputs) and i not in inputs]
-        need = sum(sizes[i] for i in held) + step_bytes(problem, t)
+        step = step_bytes(problem, t)
+        need = sum(sizes[i] for i in held) + step
         involved = [*held, *inputs, t]
         if not any(need <= capacity[d] and free[d, involved].all() for d in range(problem.num_devices)):
-            cuts.append(Cut(t, held, step_bytes(problem, t), need, t == problem.num_ops - 1))
+            cuts.append(Cut(t, held, step, need, t == problem.num_ops - 1))
     return _fullest(cuts)
 
 
@@ -209,32 +188,32 @@ def _add_cut(
     With a home device, an input or the output of the operator read after the cut and not held at home as well
     (column h, its memory there) is away on the other device as far as the operator runs there."""
     devices = problem.num_devices
-    x = lp.columns(devices * len(cut.held)).reshape(devices, len(cut.held))
-    y = lp.columns(len(cut.held), 0.0, 0.0 if cut.last else 1.0)
-    z = lp.columns(devices)
+    x = lp.binary(devices * len(cut.held)).reshape(devices, len(cut.held))
+    y = lp.binary(len(cut.held), 0.0 if cut.last else 1.0)
+    z = lp.binary(devices)
     for k, i in enumerate(cut.held):
-        lp.row([*((x[d, k], 1.0) for d in range(devices)), (y[k], 1.0)], 1.0, 1.0)
-        lp.row([(each.dropped[i], 1.0), (y[k], -1.0)], 0.0)
+        lp.terms([*((x[d, k], 1.0) for d in range(devices)), (y[k], 1.0)], 1.0, 1.0)
+        lp.terms([(each.dropped[i], 1.0), (y[k], -1.0)], 0.0)
         for d in range(devices):
-            lp.row([(each.held_on[d, i], 1.0), (x[d, k], -1.0)], 0.0)
+            lp.terms([(each.held_on[d, i], 1.0), (x[d, k], -1.0)], 0.0)
         if home is not None and max(problem.successors[i], default=-1) > cut.op:
-            lp.row([(each.away[i], 1.0), (x[1 - home, k], -1.0)], 0.0)
-    lp.row([(z[d], 1.0) for d in range(devices)], 1.0, 1.0)
+            lp.terms([(each.away[i], 1.0), (x[1 - home, k], -1.0)], 0.0)
+    lp.terms([(z[d], 1.0) for d in range(devices)], 1.0, 1.0)
     for d in range(devices):
-        lp.row([(each.computed_on[d, cut.op], 1.0), (z[d], -1.0)], 0.0)
+        lp.terms([(each.computed_on[d, cut.op], 1.0), (z[d], -1.0)], 0.0)
         for i in problem.predecessors[cut.op]:
-            lp.row([(each.held_on[d, i], 1.0), (z[d], -1.0)], 0.0)
+            lp.terms([(each.held_on[d, i], 1.0), (z[d], -1.0)], 0.0)
     also_home: list[tuple[int, float]] = []
     if home is not None:
         for i in {cut.op, *problem.predecessors[cut.op]}:
             if max(problem.successors[i], default=-1) > cut.op:
-                h = lp.columns(1)[0]
-                lp.row([(each.away[i], 1.0), (h, 1.0), (z[1 - home], -1.0)], 0.0)
+                h = lp.binary(1)[0]
+                lp.terms([(each.away[i], 1.0), (h, 1.0), (z[1 - home], -1.0)], 0.0)
                 also_home.append((h, problem.output_bytes[i] / unit))
     for d in range(devices):
         memory = [(x[d, k], problem.output_bytes[i] / unit) for k, i in enumerate(cut.held)]
         extra = also_home if d == home else []
-        lp.row([*memory, *extra, (z[d], cut.step_bytes / unit)], -np.inf, max(room[d], 0.0))
+        lp.terms([*memory, *extra, (z[d], cut.step_bytes / unit)], -math.inf, max(room[d], 0.0))
     return z
 
 
@@ -244,12 +223,12 @@ def _add_way_back(
     """Output i's way back from the other device: a copy home or a recomputation (column v, charged to i), or a
     reader computed on the other device (charged to the reader); returns v's term for i's charge row."""
     other = 1 - home
-    direct = lp.columns(1)[0]
+    direct = lp.binary(1)[0]
     readers = problem.successors[i]
-    via = lp.columns(len(readers))
-    lp.row([(direct, 1.0), *((column, 1.0) for column in via), (each.away[i], -1.0)], 0.0)
+    via = lp.binary(len(readers))
+    lp.terms([(direct, 1.0), *((column, 1.0) for column in via), (each.away[i], -1.0)], 0.0)
     for column, reader in zip(via, readers, strict=True):
-        lp.row([(each.computed_on[other, reader], 1.0), (column, -1.0)], 0.0)
+        lp.terms([(each.computed_on[other, reader], 1.0), (column, -1.0)], 0.0)
     cost = min(problem.copy_seconds(i, other, home), problem.cost[home][i])
     return direct, -cost / scale
 

@@ -55,6 +55,8 @@ def rewrite(
     for name in opmap.prelude:
         emitter.emit(by_name[name], 0, "forward", first, PRELUDE_STEP)
     emitter.resident.update(out for name in opmap.prelude for out in by_name[name].output)
+    emitter.pristine = {by_name[name].output[0]: by_name[name].input[0] for name in opmap.prelude
+                        if by_name[name].op_type == "Sum" and len(by_name[name].input) == 1}
     handed = _handed_over(model, opmap)
     instances: dict[int, int] = {}
     for step, event in enumerate(schedule.events):
@@ -137,20 +139,37 @@ class _Emitter:
         self.last: dict[str, str] = {}  # original tensor name -> its latest instance on any device
         self.origin: dict[str, str] = {}  # instance name -> original tensor name
         self.copies: dict[tuple[str, int, int], int] = {}  # (tensor, source, target) -> copies made so far
+        self.pristine: dict[str, str] = {}  # a resident single-input Sum's output -> its input (stat copies)
 
     def emit(self, original: NodeProto, instance: int, role: str, device: int, step: int) -> None:
-        """Append instance `instance` (0 = first computation) of `original` on `device`."""
+        """Append instance `instance` (0 = first computation) of `original` on `device`. A recomputed
+        training-mode BatchNorm's running statistics are no instance of the originals: onnxruntime updates the
+        statistics it reads in place, so a recomputation's would apply the update twice; the graph's outputs
+        keep the first computation's, and the recomputation's go unread."""
         suffix = f"__remat{instance}" if instance else ""
         node = NodeProto()
         node.CopyFrom(original)
         node.name = original.name + suffix
         node.input[:] = [self._instance(name, device, node.name) for name in original.input]
+        if instance and _trains(original):
+            self._fresh_statistics(node, suffix, device, step)
         node.output[:] = [name + suffix if name else "" for name in original.output]
-        for name, renamed in zip(original.output, node.output, strict=True):
-            if name:
+        for index, (name, renamed) in enumerate(zip(original.output, node.output, strict=True)):
+            if name and not (instance and index and _trains(original)):
                 self._produced(name, renamed, device)
         self._tag(node, role=role, origin=original.name, device=self.device_names[device], step=str(step))
         self.nodes.append(node)
+
+    def _fresh_statistics(self, node: NodeProto, suffix: str, device: int, step: int) -> None:
+        """Feed a recomputed training-mode BatchNorm its own copies (single-input Sum nodes) of the running
+        statistics' source, so it neither reads the first computation's in-place update nor writes into it."""
+        for index in (3, 4):
+            source = self.pristine.get(node.input[index], node.input[index])
+            fresh = f"{node.input[index]}{suffix}"
+            copy = helper.make_node("Sum", [source], [fresh], name=fresh)
+            self._tag(copy, role="recompute", origin=node.name, device=self.device_names[device], step=str(step))
+            self.nodes.append(copy)
+            node.input[index] = fresh
 
     def copy(self, tensor: str, producer: str, source: int, target: int, step: int) -> None:
         """Append an Identity node moving the latest instance of `tensor` on `source` to `target`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import onnx
 import pytest
@@ -123,3 +125,38 @@ def test_a_session_run_twice_gives_the_same_running_statistics():
     assert stats
     for k in stats:
         np.testing.assert_array_equal(first[k], second[k])
+
+
+@pytest.mark.parametrize("budget", ["min", "40%"])
+def test_recomputed_training_batch_norm_updates_running_statistics_once(budget):
+    """Every output of the rewritten training step, running statistics included, equals the un-rewritten one's
+    at budgets that recompute BatchNorm: a recomputation reads its own copy of the pristine statistics (onnxruntime
+    updates them in place) and the graph's statistics come from the first computation. Two runs of one session
+    agree too."""
+    model = _exported_conv_bn_chain()
+    result = onnx_remat.remat(model, budget, mode="train", time_limit=20)
+    recomputed = [n for n in result.model.graph.node if "__remat" in n.name and n.op_type == "BatchNormalization"]
+    assert recomputed
+    unrewritten = prepare(model, "train").model
+    feeds = random_feeds(unrewritten, seed=5)
+    session = ort_session(result.model)
+    first, second = session.run(None, feeds), session.run(None, feeds)
+    names = [o.name for o in result.model.graph.output]
+    for got, again, want, name in zip(first, second, run(unrewritten, feeds), names, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(got, again, err_msg=name)
+
+
+def _exported_conv_bn_chain() -> onnx.ModelProto:
+    """Four conv-bn-relu blocks and a linear head exported by PyTorch's legacy exporter with BatchNorm kept."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layers, channels = [], 3
+    for _ in range(4):
+        layers += [torch.nn.Conv2d(channels, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+        channels = 8
+    module = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    buffer = io.BytesIO()
+    torch.onnx.export(module.train(), (torch.randn(2, 3, 16, 16),), buffer, dynamo=False,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    return onnx.load_from_string(buffer.getvalue())

@@ -1,0 +1,31 @@
+"""The real-model matrix: torchvision networks, transformers and RNNs exported by both of PyTorch's exporters.
+
+Each case exports the module with random weights, rewrites its inference at the minimum budget and its training
+step at 50% of keep-all (or the minimum), and checks outputs against the original in onnxruntime and gradients
+against PyTorch autograd (tools/real_models.py, which also prints the README's table).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from real_model_zoo import ARCHITECTURES, EXPORTERS  # noqa: E402
+from real_models import check  # noqa: E402
+
+CASES = [
+    pytest.param(name, exporter, id=f"{name}-{exporter}", marks=[pytest.mark.slow] if spec.slow else [])
+    for name, spec in ARCHITECTURES.items()
+    for exporter in EXPORTERS
+]
+
+
+@pytest.mark.parametrize(("name", "exporter"), CASES)
+def test_real_model(name: str, exporter: str, tmp_path: Path) -> None:
+    outcome = check(name, exporter, tmp_path)
+    assert not outcome.problems()
+    assert outcome.gradients_compared > 0

@@ -1,0 +1,228 @@
+"""Rerun the real-model matrix and print the README's table: every architecture of `real_model_zoo`, both exporters.
+
+For each model: inference at the minimum budget (recomputation forced) against the original in onnxruntime;
+the training step's loss and gradients (float32) against PyTorch autograd on the module in float64, beside
+PyTorch's own float32 error, which shows how ill-conditioned the model is; the training step rewritten
+at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
+tool's own one-line message.
+
+    python tools/real_models.py [--models resnet18,gpt] [--exporters legacy,dynamo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from real_model_zoo import ARCHITECTURES, EXPORTERS, export, make
+from torch.nn import functional as F
+
+from onnx_remat.errors import InfeasibleBudgetError, RematError
+from onnx_remat.passes.execute import ort_session
+from onnx_remat.pipeline import TrainingOptions, prepare, remat
+
+GRAD_PREFIX = "grad."
+OUTPUT_TOLERANCE = 1e-5
+"""Largest relative difference of a rewrite's outputs from the original's."""
+GRADIENT_TOLERANCE = 1e-4
+"""Largest relative gradient error, or twice PyTorch's own float32 error where the model is ill-conditioned."""
+
+
+@dataclass
+class Outcome:
+    """What one model and exporter gave; `error` holds the first failure's message."""
+
+    model: str
+    exporter: str
+    opset: int = 0
+    nodes: int = 0
+    infer_recomputes: int | None = None
+    infer_difference: float | None = None
+    prepare_seconds: float | None = None
+    gradient_error: float | None = None
+    gradients_compared: int = 0
+    torch_float32_error: float | None = None
+    """PyTorch's own float32 gradients against its float64 ones: how ill-conditioned the model is."""
+    train_budget: str = "-"
+    train_recomputes: int | None = None
+    train_difference: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        """What fails the matrix's tolerances, with the tool's own messages for what did not run."""
+        found = list(self.errors)
+        if self.infer_difference is not None and self.infer_difference > OUTPUT_TOLERANCE:
+            found.append(f"inference outputs differ by {self.infer_difference:.1e}")
+        allowed = max(GRADIENT_TOLERANCE, 2 * (self.torch_float32_error or 0.0))
+        if self.gradient_error is not None and self.gradient_error > allowed:
+            found.append(f"gradients differ from autograd by {self.gradient_error:.1e} (allowed {allowed:.1e})")
+        if self.train_difference is not None and self.train_difference > OUTPUT_TOLERANCE:
+            found.append(f"rewritten training step differs by {self.train_difference:.1e}")
+        return found
+
+
+def relative_difference(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest absolute difference over the largest magnitude of the reference (0 for equal arrays)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-12)
+    return float(np.abs(got - want).max(initial=0.0)) / scale
+
+
+def example_feeds(name: str, model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
+    """Inputs in the architecture's own domain (token ids in range, a padding mask), by the model's input names."""
+    torch.manual_seed(seed)
+    inputs = ARCHITECTURES[name].inputs()
+    initializers = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in initializers]
+    return {n: t.numpy() for n, t in zip(names, inputs, strict=False)}
+
+
+def run(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every graph output, by name, from onnxruntime."""
+    session = ort_session(model if isinstance(model, onnx.ModelProto) else str(model))
+    wanted = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+
+
+def recomputes(model: onnx.ModelProto) -> int:
+    """Nodes the rewrite added as recomputations, as the user sees them in the graph."""
+    return sum(1 for node in model.graph.node if "__remat" in node.name)
+
+
+def check_inference(name: str, path: Path, outcome: Outcome) -> None:
+    """Rewrite at the minimum budget; the outputs must equal the original's."""
+    result = remat(path, budget="min", time_limit=30)
+    feeds = example_feeds(name, result.model)
+    want, got = run(path, feeds), run(result.model, feeds)
+    outcome.infer_recomputes = recomputes(result.model)
+    outcome.infer_difference = max(relative_difference(got[k], v) for k, v in want.items())
+
+
+def torch_gradients(name: str, label: np.ndarray, dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
+    """The module's loss and parameter gradients in training mode and in `dtype`, from PyTorch autograd."""
+    module, _ = make(name)
+    module.train().to(dtype)
+    torch.manual_seed(1)
+    inputs = [x.to(dtype) if x.is_floating_point() else x for x in ARCHITECTURES[name].inputs()]
+    output = module(*inputs)
+    target = torch.from_numpy(label)
+    target = target.to(dtype) if target.is_floating_point() else target
+    cross_entropy = ARCHITECTURES[name].loss == "cross-entropy"
+    loss = F.cross_entropy(output, target) if cross_entropy else F.mse_loss(output, target)
+    loss.backward()
+    grads = {k: p.grad.numpy() for k, p in module.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def gradient_errors(built: dict[str, np.ndarray], loss: float, grads: dict[str, np.ndarray]) -> list[float]:
+    """Relative errors of the built step's loss and of each gradient it names like a module parameter."""
+    errors = [relative_difference(built["loss"], np.array(loss))]
+    for key, want in grads.items():
+        if GRAD_PREFIX + key in built:
+            errors.append(relative_difference(built[GRAD_PREFIX + key], want))
+    return errors
+
+
+def training_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Example inputs and a seeded label of the shape and type the training step declares."""
+    feeds = example_feeds(name, model)
+    label = next(i for i in model.graph.input if i.name == "label")
+    shape = [d.dim_value for d in label.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(2)
+    if label.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+        feeds["label"] = rng.integers(0, 3, size=shape).astype(np.int64)
+    else:
+        feeds["label"] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def check_training(name: str, path: Path, outcome: Outcome) -> None:
+    """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
+    options = TrainingOptions(loss=ARCHITECTURES[name].loss)
+    start = time.perf_counter()
+    step = prepare(path, mode="train", training=options).model
+    outcome.prepare_seconds = time.perf_counter() - start
+    feeds = training_feeds(name, step)
+    built = run(step, feeds)
+    loss, grads = torch_gradients(name, feeds["label"], torch.float64)
+    errors = gradient_errors(built, loss, grads)
+    outcome.gradient_error = max(errors)
+    outcome.gradients_compared = len(errors) - 1
+    torch_loss, torch_grads = torch_gradients(name, feeds["label"], torch.float32)
+    outcome.torch_float32_error = max(gradient_errors(
+        {"loss": np.array(torch_loss), **{GRAD_PREFIX + k: v for k, v in torch_grads.items()}}, loss, grads))
+    try:
+        result = remat(path, budget="50%", mode="train", training=options, time_limit=30)
+        outcome.train_budget = "50%"
+    except InfeasibleBudgetError:
+        result = remat(path, budget="min", mode="train", training=options, time_limit=30)
+        outcome.train_budget = "min"
+    outcome.train_recomputes = recomputes(result.model)
+    rewritten = run(result.model, feeds)
+    outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
+
+
+def check(name: str, exporter: str, folder: Path) -> Outcome:
+    """Export one architecture and run every check, collecting the tool's messages for what fails."""
+    outcome = Outcome(name, exporter)
+    path = export(name, exporter, folder / f"{name}.{exporter}.onnx")
+    model = onnx.load(str(path), load_external_data=False)
+    outcome.opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    outcome.nodes = len(model.graph.node)
+    for stage in (check_inference, check_training):
+        try:
+            stage(name, path, outcome)
+        except RematError as exc:
+            outcome.errors.append(f"{stage.__name__.removeprefix('check_')}: {exc}")
+    return outcome
+
+
+def _figure(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+COLUMNS = ("model", "exporter", "opset", "nodes", "infer recomputes", "infer max diff", "train prepare s",
+           "grads compared", "grad error", "torch float32 error", "train budget", "train recomputes",
+           "train max diff", "failure")
+
+
+def _row(o: Outcome) -> list[str]:
+    return [o.model, o.exporter, str(o.opset), str(o.nodes), _figure(o.infer_recomputes, "d"),
+            _figure(o.infer_difference, ".1e"), _figure(o.prepare_seconds, ".1f"), str(o.gradients_compared),
+            _figure(o.gradient_error, ".1e"), _figure(o.torch_float32_error, ".1e"), o.train_budget,
+            _figure(o.train_recomputes, "d"), _figure(o.train_difference, ".1e"), "; ".join(o.problems())[:200]]
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The matrix as a Markdown table."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_row(o)) + " |" for o in outcomes]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ARCHITECTURES))
+    parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    args = parser.parse_args()
+    outcomes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models.split(","):
+            for exporter in args.exporters.split(","):
+                outcomes.append(check(name, exporter, Path(folder)))
+                print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()

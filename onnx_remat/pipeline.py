@@ -24,6 +24,7 @@ from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
 from onnx_remat.passes.rewrite import rewrite, tag_budgets
 from onnx_remat.passes.run_devices import build_plan, race
+from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
@@ -98,10 +99,10 @@ def prepare(
     load.name_nodes(original)
     load.fix_input_shapes(original, input_shapes or {})
     if mode == "infer":
-        return PreparedModel(original, load.infer_shapes(original), None)
+        return PreparedModel(original, resolve_shapes(original), None)
     options = training or TrainingOptions()
     graph = build_training_graph(
-        load.infer_shapes(original),
+        resolve_shapes(original),
         loss=options.loss,
         freeze=_matching(original, options.freeze),
         optimizer=options.optimizer,
@@ -110,7 +111,7 @@ def prepare(
     groups = training_groups(graph.model, graph.backward_groups)
     model = graph.model
     groups, roles = separate_graph_outputs(model, groups, group_roles(groups, graph.backward_groups))
-    return PreparedModel(model, load.infer_shapes(model), groups, roles)
+    return PreparedModel(model, resolve_shapes(model), groups, roles)
 
 
 def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:

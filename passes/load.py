@@ -1,7 +1,8 @@
-"""Load and validate an ONNX model: readable, checker-clean, concrete shapes everywhere."""
+"""Load and validate an ONNX model: readable, checker-clean, nodes named, input shapes fixed."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import onnx
@@ -33,7 +34,38 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{name} fails the ONNX checker: {_first_line(exc)}") from None
+    _refuse_unrunnable_opset(model, name)
     return model
+
+
+def _refuse_unrunnable_opset(model: onnx.ModelProto, name: str) -> None:
+    """ModelError if onnxruntime cannot run the model's default-domain opset."""
+    version = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if version and not _onnxruntime_runs_opset(version):
+        raise ModelError(f"{name} uses ai.onnx opset {version}, newer than onnxruntime {_onnxruntime_version()} "
+                         "runs: export it at an older opset or upgrade onnxruntime")
+
+
+@functools.cache
+def _onnxruntime_runs_opset(version: int) -> bool:
+    """Whether onnxruntime loads a one-node model at this opset (it states its range nowhere else)."""
+    import onnxruntime as ort
+
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    probe = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", version)])
+    try:
+        ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime raises its own exception types for an unknown opset
+        return False
+    return True
+
+
+def _onnxruntime_version() -> str:
+    import onnxruntime as ort
+
+    return ort.__version__
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -72,25 +104,6 @@ def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
         dim.dim_value = size
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Run strict shape inference; every node output must get a concrete shape and type."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
-        raise ModelError(f"shape inference failed: {_first_line(exc)}") from None
-    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
-    unsized = [
-        out for node in inferred.graph.node for out in node.output
-        if out and not _is_concrete(known.get(out))
-    ]
-    if unsized:
-        raise ModelError(
-            f"cannot determine the size of {len(unsized)} tensors (first: {unsized[0]!r}); "
-            "fix symbolic dimensions with --input-shape"
-        )
-    return inferred
-
-
 def name_nodes(model: onnx.ModelProto) -> None:
     """Give every unnamed node a unique readable name; the rewrite and report refer to nodes by name."""
     used = {node.name for node in model.graph.node if node.name}
@@ -106,13 +119,6 @@ def name_nodes(model: onnx.ModelProto) -> None:
         node.name = candidate
         seen.add(candidate)
         used.add(candidate)
-
-
-def _is_concrete(value: onnx.ValueInfoProto | None) -> bool:
-    if value is None or not value.type.HasField("tensor_type"):
-        return False
-    tensor = value.type.tensor_type
-    return tensor.elem_type != 0 and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -14,8 +14,8 @@ from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
-from onnx_remat.passes.load import infer_shapes
 from onnx_remat.passes.runtimes import runtime_for
+from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.pipeline import prepare
 
@@ -48,7 +48,7 @@ def small_and_big_conv() -> onnx.ModelProto:
          helper.make_tensor_value_info("big_out", TensorProto.FLOAT, [1, 64, 64, 64])],
         weights,
     )
-    return infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    return resolve_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,154 @@
+"""Resolve every tensor's shape for fixed input shapes, the way exported models need it.
+
+Exporters compute shapes inside the graph (Shape -> Gather -> Concat -> Reshape/Expand/Slice), which ONNX shape
+inference alone often leaves symbolic. Three steps, each only for what the previous one left unknown:
+1. ONNX shape inference with data propagation;
+2. the same on a copy whose shape subgraphs onnxscript's constant folder (on onnx-ir) has evaluated; the copy is
+   only read for shapes, so the model keeps its nodes and its parameters stay where the user put them;
+3. one run of onnxruntime on random inputs of the given shapes, with the still unknown tensors as outputs.
+Only a shape that depends on input values (behind NonZero, Unique, a Loop...) is refused, naming the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnxscript.optimizer import fold_constants
+
+from onnx_remat.errors import ModelError
+
+DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
+"""Ops whose output shapes can depend on input values: a tensor they leave unknown is not given a shape."""
+VALUE_FREE_READS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
+"""Inputs an op reads for their shape or type only: folding such a node does not fold a parameter's values."""
+SMALL_CONSTANT = 4096
+"""ConstantOfShape outputs up to this many elements are folded (the folder keeps ConstantOfShape by default)."""
+FLOAT_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+})
+
+
+def resolve_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose value_info gives a concrete shape and type to every node output."""
+    inferred = _infer(model)
+    unknown = _unknown(inferred)
+    if unknown:
+        _adopt(inferred, _folded_shapes(model), unknown)
+        unknown = _unknown(inferred)
+    if unknown:
+        _refuse_data_dependent(inferred, unknown)
+        _adopt(inferred, _shapes_from_running(inferred, unknown), unknown)
+        unknown = _unknown(inferred)
+    if unknown:
+        raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}), "
+                         "even by running the model in onnxruntime")
+    return inferred
+
+
+def is_concrete(value: onnx.ValueInfoProto | None) -> bool:
+    """Whether a value info gives a tensor type with every dimension fixed."""
+    if value is None or not value.type.HasField("tensor_type"):
+        return False
+    tensor = value.type.tensor_type
+    return tensor.elem_type != 0 and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim)
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Strict ONNX shape inference, with data propagation unless it contradicts shapes the model already states
+    (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took everything)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
+        raise ModelError(f"shape inference failed: {_first_line(exc)}") from None
+
+
+def _known(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    graph = model.graph
+    return {v.name: v for v in [*graph.value_info, *graph.output, *graph.input] if is_concrete(v)}
+
+
+def _unknown(model: onnx.ModelProto) -> list[str]:
+    """Node outputs without a concrete shape and type, in graph order."""
+    known = _known(model)
+    initializers = {i.name for i in model.graph.initializer}
+    return [out for node in model.graph.node for out in node.output
+            if out and out not in known and out not in initializers]
+
+
+def _adopt(model: onnx.ModelProto, shapes: dict[str, onnx.ValueInfoProto], names: list[str]) -> None:
+    """Record the shapes found for `names` in the model's value_info."""
+    outputs = {o.name: o for o in model.graph.output}
+    for name in names:
+        if name not in shapes:
+            continue
+        if name in outputs:
+            outputs[name].type.CopyFrom(shapes[name].type)
+            continue
+        kept = [v for v in model.graph.value_info if v.name != name]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend([*kept, shapes[name]])
+
+
+def _folded_shapes(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Shapes inferred on a copy whose constant shape subgraphs are folded (never a parameter's values)."""
+    parameters = {i.name for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
+    copy = ir.serde.deserialize_model(model)
+    fold_constants(copy, onnx_shape_inference=True, should_fold=lambda node: _should_fold(node, parameters))
+    try:
+        return _known(_infer(ir.serde.serialize_model(copy)))
+    except ModelError:
+        return {}
+
+
+def _should_fold(node: ir.Node, parameters: set[str]) -> bool | None:
+    """False for nodes reading a float parameter's values; True for small ConstantOfShape; else the folder's
+    default."""
+    allowed = VALUE_FREE_READS.get(node.op_type, ())
+    if any(v is not None and v.name in parameters and k not in allowed for k, v in enumerate(node.inputs)):
+        return False
+    if node.op_type == "ConstantOfShape" and node.inputs[0].const_value is not None:
+        return int(node.inputs[0].const_value.numpy().prod()) <= SMALL_CONSTANT
+    return None
+
+
+def _refuse_data_dependent(model: onnx.ModelProto, unknown: list[str]) -> None:
+    """ModelError naming the first op whose output shape depends on input values, upstream of an unknown tensor."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen: set[str] = set()
+    stack = list(unknown)
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op_type in DATA_DEPENDENT_OPS:
+            raise ModelError(f"the shape of {node.output[0]!r} depends on the input values ({node.op_type} node "
+                             f"{node.name!r}): onnx-remat needs every tensor's size known before running")
+        stack.extend(node.input)
+
+
+def _shapes_from_running(model: onnx.ModelProto, unknown: list[str]) -> dict[str, onnx.ValueInfoProto]:
+    """Run the model once in onnxruntime with the unknown tensors as outputs; their value infos."""
+    from onnx_remat.passes.execute import random_feeds, run
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in unknown)
+    try:
+        values = run(probe, random_feeds(probe))[len(model.graph.output):]
+    except Exception as exc:  # onnxruntime raises several types, all meaning the model cannot run here
+        raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}): running "
+                         f"the model in onnxruntime to find them failed: {_first_line(exc)}") from None
+    return {name: onnx.helper.make_tensor_value_info(
+                name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+            for name, value in zip(unknown, values, strict=True) if isinstance(value, np.ndarray)}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

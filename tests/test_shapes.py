@@ -1,0 +1,94 @@
+"""Shape resolution for fixed input shapes: inference, folded shape subgraphs, onnxruntime as the last resort."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_remat.errors import ModelError
+from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.shapes import is_concrete, resolve_shapes
+from onnx_remat.pipeline import remat
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_shape: list | None = None,
+           ) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _ints(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _shape_of(model: onnx.ModelProto, name: str) -> list[int]:
+    value = next(v for v in [*model.graph.value_info, *model.graph.output] if v.name == name)
+    assert is_concrete(value)
+    return [d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def test_a_shape_computed_through_a_parameter_is_found_by_running_the_model() -> None:
+    """The target shape reads a float parameter's values: never folded, so onnxruntime tells the size."""
+    nodes = [
+        helper.make_node("ReduceSum", ["w"], ["w_sum"], keepdims=0),
+        helper.make_node("Cast", ["w_sum"], ["rows"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["rows", "axis0"], ["rows1"]),
+        helper.make_node("Concat", ["rows1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Relu", ["r"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1.0, 3.0], np.float32), "w"), _ints("axis0", [0]), _ints("minus1", [-1])]
+    resolved = resolve_shapes(_model(nodes, inits))
+    assert _shape_of(resolved, "r") == [4, 6]
+    assert [i.name for i in resolved.graph.initializer] == ["w", "axis0", "minus1"]  # nothing folded into the model
+
+
+def test_shape_subgraphs_are_folded_and_the_model_keeps_its_nodes() -> None:
+    """Shape -> Gather -> Mul -> Concat -> Reshape, as exporters write a flatten of the last two axes."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i1"], ["d1"], axis=0),
+        helper.make_node("Gather", ["s", "i2"], ["d2"], axis=0),
+        helper.make_node("Mul", ["d1", "d2"], ["d12"]),
+        helper.make_node("Unsqueeze", ["d12", "axis0"], ["d12v"]),
+        helper.make_node("Concat", ["minus1", "d12v"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [_ints("i1", 1), _ints("i2", 2), _ints("axis0", [0]), _ints("minus1", [-1])]
+    model = _model(nodes, inits)
+    resolved = resolve_shapes(model)
+    assert _shape_of(resolved, "y") == [2, 12]
+    assert [n.op_type for n in resolved.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_a_value_dependent_shape_is_refused_naming_its_node() -> None:
+    nodes = [
+        helper.make_node("NonZero", ["x"], ["nz"], name="where_positive"),
+        helper.make_node("Transpose", ["nz"], ["t"]),
+        helper.make_node("Cast", ["t"], ["y"], to=TensorProto.FLOAT),
+    ]
+    with pytest.raises(ModelError, match="NonZero node 'where_positive'"):
+        resolve_shapes(_model(nodes, []))
+
+
+def test_a_model_whose_shapes_only_running_finds_is_rewritten_to_the_same_outputs() -> None:
+    """End to end: the model runs the same after the rewrite at the smallest budget."""
+    nodes = [
+        helper.make_node("ReduceSum", ["w"], ["w_sum"], keepdims=0),
+        helper.make_node("Cast", ["w_sum"], ["rows"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["rows", "axis0"], ["rows1"]),
+        helper.make_node("Concat", ["rows1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Tanh", ["r"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["b"]),
+        helper.make_node("Mul", ["a", "b"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1.0, 3.0], np.float32), "w"), _ints("axis0", [0]), _ints("minus1", [-1])]
+    model = _model(nodes, inits, [4, 6])
+    result = remat(model, budget="min", time_limit=10)
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=1e-6)

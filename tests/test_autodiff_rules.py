@@ -46,10 +46,11 @@ class Case:
     attrs: dict = field(default_factory=dict)
     n_out: int = 1
     finite_differences: bool = True  # False where onnx's reference runtime lacks the op's forward
+    opset: int = 17
 
     def __repr__(self) -> str:
         shapes = [None if a is None else list(a.shape) for a in self.inputs]
-        return f"{self.op}{shapes}{self.attrs}"
+        return f"{self.op}{shapes}{self.attrs}" + (f"@{self.opset}" if self.opset != 17 else "")
 
 
 class Erf(op_erf.Erf):
@@ -87,7 +88,7 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
     outs = [f"out{j}" for j in range(case.n_out)]
     node = helper.make_node(case.op, names, outs, name="op", **case.attrs)
     graph = helper.make_graph([node], "case", [], [helper.make_tensor_value_info(o, 0, None) for o in outs], inits)
-    opset = [helper.make_opsetid("", 17)]
+    opset = [helper.make_opsetid("", case.opset)]
     inferred = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opset), strict_mode=True)
     nodes, partials = [node], []
     for j, value in enumerate(inferred.graph.output):
@@ -100,7 +101,7 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
     nodes.append(helper.make_node("Sum", partials, ["output"], name="total"))
     out_type = inferred.graph.output[0].type.tensor_type.elem_type
     graph = helper.make_graph(nodes, "case", [], [helper.make_tensor_value_info("output", out_type, [])], inits)
-    return helper.make_model(graph, opset_imports=opset, ir_version=10)
+    return helper.make_model(graph, opset_imports=opset, ir_version=helper.find_min_ir_version_for(opset))
 
 
 def probes(model: onnx.ModelProto) -> list[str]:
@@ -224,6 +225,14 @@ ELEMENTWISE = [
     Case("Where", [rand(3, 4) > 0, rand(3, 4), rand(4)], torch.where),
     Case("Expand", [rand(3, 1), ints(2, 3, 4)], lambda a, s: a.expand(2, 3, 4)),
     Case("Dropout", [rand(3, 4), np.array(0.0)], lambda a, r: a),
+    # onnx's reference runs Gelu through its function body, whose Erf is float32: no finite differences.
+    Case("Gelu", [rand(3, 4)], F.gelu, finite_differences=False, opset=20),
+    Case("Gelu", [rand(3, 4)], lambda a: F.gelu(a, approximate="tanh"), {"approximate": "tanh"}, opset=20),
+    Case("HardSigmoid", [rand(3, 4) * 3], lambda a: torch.clamp(0.3 * a + 0.4, 0, 1), {"alpha": 0.3, "beta": 0.4}),
+    Case("HardSwish", [rand(4, 5) * 3], F.hardswish),
+    Case("Softplus", [rand(3, 4)], F.softplus),
+    Case("Mish", [rand(3, 4)], F.mish, opset=18),
+    Case("Elu", [rand(3, 4)], lambda a: F.elu(a, 0.7), {"alpha": 0.7}),
 ]
 
 
@@ -363,6 +372,11 @@ NORMS = [
          lambda x, s: F.layer_norm(x, (4,), s, None, 1e-5)),
     Case("Softmax", [rand(2, 3, 4)], lambda x: F.softmax(x, 1), {"axis": 1}),
     Case("Softmax", [rand(2, 5)], lambda x: F.softmax(x, -1)),
+    Case("LayerNormalization", [rand(2, 3, 8), rand(8, low=0.5), rand(8)],
+         lambda x, s, b: F.layer_norm(x, (8,), s, b, 1e-5), opset=20),
+    Case("BatchNormalization", [rand(4, 3, 5, 5), rand(3, low=0.5), rand(3), rand(3), rand(3, low=0.5)],
+         lambda x, s, b, m, v: F.batch_norm(x, m.detach().clone(), v.detach().clone(), s, b, True, 0.1, 1e-5),
+         {"epsilon": 1e-5}, opset=18),
     Case("LogSoftmax", [rand(2, 3, 4)], lambda x: F.log_softmax(x, -1)),
 ]
 
@@ -400,6 +414,8 @@ POOLS = [
     Case("ReduceSum", [rand(2, 3, 4), ints(0, 2)], lambda x, a: x.sum((0, 2), keepdim=True)),
     Case("ReduceSum", [rand(2, 3, 4), ints(1)], lambda x, a: x.sum(1), {"keepdims": 0}),
     Case("ReduceSum", [rand(2, 3, 4)], lambda x: x.sum(), {"keepdims": 0}),
+    Case("ReduceMean", [rand(2, 3, 4), ints(0, -1)], lambda x, a: x.mean((0, 2), keepdim=True), opset=18),
+    Case("ReduceMean", [rand(2, 3, 4), ints(1)], lambda x, a: x.mean(1), {"keepdims": 0}, opset=20),
 ]
 
 
@@ -426,6 +442,16 @@ SHAPES = [
     Case("Pad", [rand(2, 3, 4), ints(0, 1, 2, 0, 2, 1)], lambda x, p: F.pad(x, [2, 1, 1, 2])),
     Case("Pad", [rand(2, 3, 4), ints(0, -1, 2, 0, 1, -1)], lambda x, p: F.pad(x, [2, -1, -1, 1]),
          finite_differences=False),
+    Case("Squeeze", [rand(2, 1, 4), ints(1)], lambda x, a: x.squeeze(1), opset=20),
+    Case("Split", [rand(2, 6), ints(1, 2, 3)], lambda x, s: torch.split(x, [1, 2, 3], 1), {"axis": 1}, n_out=3,
+         opset=20),
+    # Indexing: repeated and negative indices accumulate into the same rows.
+    Case("Gather", [rand(5, 3), ints(0, 2, 2, -1)], lambda x, i: x[[0, 2, 2, 4]]),
+    Case("Gather", [rand(2, 5, 3), np.array([[1, 1], [4, 0]])], lambda x, i: x[:, torch.tensor([[1, 1], [4, 0]])],
+         {"axis": 1}),
+    Case("Gather", [rand(2, 5, 3), np.array(3)], lambda x, i: x[:, 3], {"axis": 1}, opset=20),
+    Case("GatherElements", [rand(3, 4), np.array([[0, 3], [1, 1], [2, 0]])],
+         lambda x, i: torch.gather(x, 1, torch.tensor([[0, 3], [1, 1], [2, 0]])), {"axis": 1}),
 ]
 
 

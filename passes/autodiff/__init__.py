@@ -1,4 +1,4 @@
-"""Training-graph builder: reverse-mode autodiff emitting the backward pass in standard opset-17 ONNX ops."""
+"""Training-graph builder: reverse-mode autodiff writing the backward pass in standard ONNX at the model's opset."""
 
 from onnx_remat.passes.autodiff.builder import TrainingGraph, build_training_graph
 from onnx_remat.passes.autodiff.loss import LABEL, LOSS, LOSSES

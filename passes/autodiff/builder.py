@@ -15,7 +15,7 @@ from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss
 from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
-from onnx_remat.passes.autodiff.prepare import IR_VERSION, infer, make_trainable, prepared_copy
+from onnx_remat.passes.autodiff.prepare import infer, ir_version_for, make_trainable, prepared_copy
 from onnx_remat.passes.autodiff.rules import RULES
 
 GRAD_PREFIX = "grad."
@@ -45,7 +45,7 @@ class _Plan:
 
 def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iterable[str] = (),
                          optimizer: str | None = None, lr: float = 0.01) -> TrainingGraph:
-    """Append a loss and its gradient w.r.t. every trainable float initializer, in standard opset-17 ops;
+    """Append a loss and its gradient w.r.t. every trainable float initializer, in standard ops of the model's opset;
     with `optimizer="sgd"` also each parameter's updated value `<param>.updated = param - lr * grad.<param>`."""
     check_optimizer(optimizer, lr)
     model = prepared_copy(model)
@@ -62,7 +62,7 @@ def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iter
     if optimizer == "sgd":
         backward.add_steps(add_sgd(model.graph, plan.parameters, gradients, lr))
         updates = tuple(updated_name(p) for p in plan.parameters)
-    model.ir_version = IR_VERSION
+    model.ir_version = ir_version_for(model)
     onnx.checker.check_model(model, full_check=True)
     groups = {name: tuple(nodes) for name, nodes in backward.groups.items()}
     return TrainingGraph(model, groups, plan.parameters, gradients, tuple(stats), updates=updates)

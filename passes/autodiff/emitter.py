@@ -71,6 +71,10 @@ class Emitter:
         """A scalar constant in the float type being differentiated."""
         return self.const(np.asarray(value, dtype=self.dtype))
 
+    def const_like(self, tensor: str, value: int | float) -> str:
+        """A scalar constant of `tensor`'s element type (an index type, say)."""
+        return self.const(np.asarray(value, dtype=self.info.np_dtype(tensor)))
+
     def zeros(self, shape: Shape) -> str:
         """A zero tensor (ConstantOfShape) in the float type being differentiated."""
         zero = numpy_helper.from_array(np.zeros(1, dtype=self.dtype))
@@ -86,13 +90,21 @@ class Emitter:
         """Transpose, skipped for the identity permutation."""
         return x if list(perm) == sorted(perm) else self.op("Transpose", x, perm=list(perm))
 
+    def reduce(self, op_type: str, x: str, axes: Sequence[int], keepdims: bool) -> str:
+        """A Reduce* op over `axes`, in the form of the graph's opset: axes an input for ReduceSum from 13 and for
+        the others from 18, an attribute before."""
+        since = 13 if op_type == "ReduceSum" else 18
+        if self.info.opset >= since:
+            return self.op(op_type, x, self.ints(axes), keepdims=int(keepdims))
+        return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims))
+
     def reduce_sum(self, x: str, axes: Sequence[int], keepdims: bool) -> str:
-        """ReduceSum over `axes` (opset 13+: axes as an input)."""
-        return self.op("ReduceSum", x, self.ints(axes), keepdims=int(keepdims))
+        """ReduceSum over `axes`."""
+        return self.reduce("ReduceSum", x, axes, keepdims)
 
     def reduce_mean(self, x: str, axes: Sequence[int]) -> str:
-        """ReduceMean over `axes`, keeping them (opset 17: axes as an attribute)."""
-        return self.op("ReduceMean", x, axes=list(axes), keepdims=1)
+        """ReduceMean over `axes`, keeping them."""
+        return self.reduce("ReduceMean", x, axes, keepdims=True)
 
     def scale(self, x: str, factor: float) -> str:
         """x * factor, skipped for factor 1."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference, version_converter
+from onnx import helper, numpy_helper, version_converter
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
+from onnx_remat.passes.shapes import resolve_shapes
 
-OPSET = 17
-IR_VERSION = 10
+MIN_OPSET = 14
+"""The oldest default-domain opset the training graph is written in (BatchNormalization's training_mode attribute
+arrives at 14); an older model is converted up to it, a newer one is kept at its own opset."""
 TRAINING_DOMAINS = frozenset({"ai.onnx.preview.training"})
 TRAINING_OPS = frozenset({
     "InPlaceAccumulator", "ZeroGradient", "BatchNormInternal", "SoftmaxCrossEntropyLossInternal",
@@ -20,8 +22,9 @@ TRAINING_OPS = frozenset({
 
 
 def prepared_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy at opset 17 with every node uniquely named; ModelError if it already is a training model."""
-    model = _at_opset(model)
+    """A copy at the model's opset (at least 14) with every node uniquely named; ModelError if it already is a
+    training model."""
+    model = _at_least_min_opset(model)
     _reject_training(model)
     taken = {n.name for n in model.graph.node if n.name}
     seen: set[str] = set()
@@ -36,17 +39,22 @@ def prepared_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _at_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Copy the model, converting it to the default-domain opset the rules are written for."""
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if versions == [OPSET]:
+def _at_least_min_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Copy the model, converting it up to MIN_OPSET if it is older; never down."""
+    version = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=MIN_OPSET)
+    if version >= MIN_OPSET:
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         return copy
     try:
-        return version_converter.convert_version(model, OPSET)
+        return version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:  # the converter raises several types
-        raise ModelError(f"cannot convert the model from opset {versions} to {OPSET}: {exc}") from None
+        raise ModelError(f"cannot convert the model from opset {version} up to {MIN_OPSET}: {exc}") from None
+
+
+def ir_version_for(model: onnx.ModelProto) -> int:
+    """The model's IR version, raised to the least its opsets need."""
+    return max(model.ir_version, helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True))
 
 
 def _reject_training(model: onnx.ModelProto) -> None:
@@ -118,9 +126,5 @@ def _train_dropout(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
 
 
 def infer(model: onnx.ModelProto) -> GraphInfo:
-    """Run strict shape inference (with constant propagation) and wrap the result."""
-    try:
-        inferred = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        raise ModelError(f"shape inference fails on the model: {str(exc).splitlines()[0]}") from None
-    return GraphInfo(inferred)
+    """Resolve every tensor's shape (passes/shapes.py) and wrap the result."""
+    return GraphInfo(resolve_shapes(model))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from onnx_remat.passes.autodiff.rules import activation, gather, linear, norm, pool, shape
 from onnx_remat.passes.autodiff.rules import elementwise as ew
-from onnx_remat.passes.autodiff.rules import linear, norm, pool, shape
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
 RULES: dict[str, Rule] = {
@@ -31,6 +31,12 @@ RULES: dict[str, Rule] = {
     "Identity": Rule(ew.identity),
     "Cast": Rule(ew.cast),
     "Dropout": Rule(ew.dropout),
+    "Gelu": Rule(activation.gelu),
+    "HardSigmoid": Rule(activation.hard_sigmoid),
+    "HardSwish": Rule(activation.hard_swish),
+    "Softplus": Rule(activation.softplus),
+    "Mish": Rule(activation.mish),
+    "Elu": Rule(activation.elu),
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),
@@ -58,6 +64,9 @@ RULES: dict[str, Rule] = {
     "Split": Rule(shape.split, outputs=None),
     "Slice": Rule(shape.slice_),
     "Pad": Rule(shape.pad),
+    # indexing
+    "Gather": Rule(gather.gather),
+    "GatherElements": Rule(gather.gather_elements),
 }
 
 __all__ = ["RULES", "GradFn", "Rule"]

@@ -60,7 +60,7 @@ def _centered_stats(
 ) -> tuple[str, str, str]:
     """(c = x - mean(x), 1/std, mean(dy c)) over `axes`, axes kept; one full-size temporary beside c."""
     centered = e.op("Sub", x, e.reduce_mean(x, axes))
-    var = e.scale(e.op("ReduceSumSquare", centered, axes=list(axes), keepdims=1), 1 / count)
+    var = e.scale(e.reduce("ReduceSumSquare", centered, axes, keepdims=True), 1 / count)
     inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", var, e.scalar(eps))))
     return centered, inv_std, e.reduce_mean(e.op("Mul", dy, centered), axes)
 

@@ -154,10 +154,7 @@ def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
 
 
 def _vit() -> nn.Module:
-    from torchvision.models.vision_transformer import VisionTransformer
-
-    _import_torchvision()
-    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+    return _import_torchvision().models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
                              num_classes=10)
 
 

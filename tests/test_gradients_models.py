@@ -9,8 +9,10 @@ ONNX reference runtime runs it.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -25,6 +27,9 @@ from onnx_remat.errors import UsageError
 from onnx_remat.models import FIXTURES, MODELS
 from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
 from onnx_remat.passes.layers import training_groups
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from real_models import to_double  # noqa: E402
 
 TOLERANCE = 1e-4
 ZERO_FLOOR = 1e-3  # exactly-zero gradients are compared against this fraction of the model's largest gradient
@@ -59,21 +64,6 @@ CASES: dict[str, Case] = {
     **{path.stem: Case(path.stem, "cross-entropy" if "resnet" in path.stem else "mse", slow=True)
        for path in sorted(FIXTURES.glob("*.onnx"))},
 }
-
-
-def to_double(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with float32 initializers, Constant values, inputs and outputs in float64."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    tensors = [*copy.graph.initializer, *(a.t for n in copy.graph.node if n.op_type == "Constant"
-                                          for a in n.attribute if a.name == "value")]
-    for t in tensors:
-        if t.data_type == TensorProto.FLOAT:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
-    for value in [*copy.graph.input, *copy.graph.output]:
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT:
-            value.type.tensor_type.elem_type = TensorProto.DOUBLE
-    return copy
 
 
 def feeds(model: onnx.ModelProto, loss: str) -> dict[str, np.ndarray]:

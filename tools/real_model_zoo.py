@@ -154,8 +154,8 @@ def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
 
 
 def _vit() -> nn.Module:
-    return _import_torchvision().models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-                             num_classes=10)
+    return _import_torchvision().models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
 
 
 def _image() -> tuple[torch.Tensor, ...]:

@@ -17,6 +17,7 @@ from onnx_remat.passes.autodiff.loss import LOSS, add_loss
 from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
 from onnx_remat.passes.autodiff.prepare import infer, ir_version_for, make_trainable, prepared_copy
 from onnx_remat.passes.autodiff.rules import RULES
+from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 
 GRAD_PREFIX = "grad."
 
@@ -49,6 +50,8 @@ def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iter
     with `optimizer="sgd"` also each parameter's updated value `<param>.updated = param - lr * grad.<param>`."""
     check_optimizer(optimizer, lr)
     model = prepared_copy(model)
+    if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
+        unroll_recurrences(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, infer(model))

@@ -30,6 +30,7 @@ RULES: dict[str, Rule] = {
     "Pow": Rule(ew.pow_),
     "Identity": Rule(ew.identity),
     "Cast": Rule(ew.cast),
+    "CastLike": Rule(ew.cast),
     "Dropout": Rule(ew.dropout),
     "Gelu": Rule(activation.gelu),
     "HardSigmoid": Rule(activation.hard_sigmoid),

@@ -1,0 +1,74 @@
+"""Turn exporters' tensor sequences back into tensors: SplitToSequence read by SequenceAt at constant positions
+(torch.chunk and torch.split as the dynamo exporter writes them without its optimizer) becomes one Slice per
+position read, so every value of the graph is a tensor with a size the solver can count."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+
+class SequenceReadsToSlices(ir.passes.InPlacePass):
+    """Replace each SequenceAt(SplitToSequence(x, split), p) with constant split and p by a Slice of x."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(model.graph):
+            if node.op_type == "SplitToSequence" and node.domain in ("", "ai.onnx"):
+                modified |= _slice_reads(model.graph, node)
+        return ir.passes.PassResult(model, modified)
+
+
+def _constant(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a constant input (an initializer or a Constant node's output), or None."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and "value" in producer.attributes:
+        return producer.attributes["value"].as_tensor().numpy()
+    return None
+
+
+def _slice_reads(graph: ir.Graph, split: ir.Node) -> bool:
+    """Slice out every constant-position read of one SplitToSequence; False if any read is not of that form."""
+    sizes = _constant(split.inputs[1]) if len(split.inputs) > 1 else None
+    reads = list(split.outputs[0].consumers())
+    positions = [_constant(r.inputs[1]) if r.op_type == "SequenceAt" else None for r in reads]
+    if sizes is None or not reads or any(p is None or int(p) < 0 for p in positions):
+        return False
+    axis = split.attributes["axis"].as_int() if "axis" in split.attributes else 0
+    for read, position in zip(reads, positions, strict=True):
+        start, size = _chunk(sizes, int(position))
+        bounds = [ir.Value(name=f"{read.name}/{key}", const_value=ir.tensor(np.array([v], np.int64)))
+                  for key, v in (("start", start), ("end", start + size), ("axis", axis))]
+        for bound in bounds:
+            graph.register_initializer(bound)
+        piece = ir.Node("", "Slice", [split.inputs[0], *bounds], name=f"{read.name}/slice", num_outputs=1)
+        graph.insert_before(read, piece)
+        name = read.outputs[0].name
+        ir.convenience.replace_all_uses_with(read.outputs[0], piece.outputs[0], replace_graph_outputs=True)
+        read.outputs[0].name = f"{name}/replaced"
+        piece.outputs[0].name = name
+        graph.remove(read, safe=True)
+    graph.remove(split, safe=True)
+    return True
+
+
+def _chunk(sizes: np.ndarray, position: int) -> tuple[int, int]:
+    """Start and size of chunk `position`: a scalar split is one size for every chunk, a list gives each."""
+    if sizes.ndim == 0:
+        return position * int(sizes), int(sizes)
+    return int(sizes[:position].sum()), int(sizes[position])
+
+
+def sequence_reads_to_slices(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with SplitToSequence reads turned into Slices (the model itself when it has none)."""
+    if not any(n.op_type == "SplitToSequence" for n in model.graph.node):
+        return model
+    ir_model = ir.serde.deserialize_model(model)
+    ir.passes.PassManager([SequenceReadsToSlices(), RemoveUnusedNodesPass()])(ir_model)
+    return ir.serde.serialize_model(ir_model)

@@ -23,8 +23,8 @@ from onnx_remat.passes.solve.baselines import (
     best_baseline,
     best_segmented,
     chen_sqrt_n,
-    every_segment_length,
     keep_all,
+    segmentations,
 )
 from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, build_model
 from onnx_remat.passes.solve.highs import solve_highs
@@ -307,7 +307,7 @@ def test_auto_picks_a_backend_and_says_which():
 
 def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
     graph = training_chain(20)
-    tightest = min(simulate(graph, schedule).peak_bytes[0] for schedule in every_segment_length(graph))
+    tightest = min(simulate(graph, schedule).peak_bytes[0] for schedule in segmentations(graph))
     problem = with_budget(graph, tightest)
     assert simulate(problem, chen_sqrt_n(problem)).peak_bytes[0] > tightest
     schedule = best_segmented(problem)
@@ -325,7 +325,7 @@ def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():
     evicting = offload(with_budget(graph, keep * 47 // 100), 0)
     assert evicting is not None
     heuristic = simulate(graph, evicting).peak_bytes[0]
-    assert heuristic < min(simulate(graph, schedule).peak_bytes[0] for schedule in every_segment_length(graph))
+    assert heuristic < min(simulate(graph, schedule).peak_bytes[0] for schedule in segmentations(graph))
     minimum = minimum_budget(with_budget(graph, keep), time_limit=0.01)
     assert minimum.lower <= minimum.feasible <= heuristic
     assert solve(with_budget(graph, minimum.feasible), "highs", time_limit=5).schedule is not None

@@ -16,6 +16,9 @@ from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Free, Schedule
 
+ALL_LENGTHS_UP_TO = 48
+LONG_LENGTH_STEP = 1.08
+
 
 def schedule_from_stages(problem: Problem, stages: Sequence[Sequence[int]], prune: bool = False) -> Schedule:
     """Events for the computes `stages[t]` (in order) on device 0, each output freed right after its last use.
@@ -66,11 +69,20 @@ def chen_segments(problem: Problem, length: int) -> Schedule:
     return schedule_from_stages(problem, stages)
 
 
-def every_segment_length(problem: Problem) -> Iterator[Schedule]:
-    """Chen's segments at every length 1..n-1: at tight budgets another length than sqrt(n) often fits.
+def segment_lengths(num_ops: int) -> list[int]:
+    """Every length up to ALL_LENGTHS_UP_TO, then lengths ~8% apart up to n-1: at tight budgets another length than
+    sqrt(n) often fits, and neighbouring long lengths fit alike, so a 1000-operator graph tries ~90, not 1000."""
+    lengths = list(range(1, min(ALL_LENGTHS_UP_TO, num_ops - 1) + 1)) or [1]
+    while lengths[-1] < num_ops - 1:
+        lengths.append(min(num_ops - 1, max(lengths[-1] + 1, round(lengths[-1] * LONG_LENGTH_STEP))))
+    return lengths
+
+
+def segmentations(problem: Problem) -> Iterator[Schedule]:
+    """Chen's segments at the lengths of `segment_lengths`.
 
     Used where no baseline fits: to seed the minimum-budget search and warm-start the MILP."""
-    for length in range(1, max(2, problem.num_ops)):
+    for length in segment_lengths(problem.num_ops):
         yield chen_segments(problem, length)
 
 
@@ -134,7 +146,7 @@ def best_segmented(problem: Problem) -> Schedule | None:
     """The cheapest Chen segmentation of any length, on one device, that fits every device's budget, or None."""
     best: tuple[float, Schedule] | None = None
     for device in range(problem.num_devices):
-        for schedule in every_segment_length(on_device(problem, device)):
+        for schedule in segmentations(on_device(problem, device)):
             schedule = placed(schedule, device)
             simulation = simulate(problem, schedule)
             if simulation.fits(problem.budgets) and (best is None or simulation.total_cost < best[0]):

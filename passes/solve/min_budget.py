@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.baselines import every_segment_length, on_device, placed, placed_baselines
+from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
@@ -88,7 +88,7 @@ def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
     segmented = (
         placed(schedule, d)
         for d in range(problem.num_devices)
-        for schedule in every_segment_length(on_device(problem, d))
+        for schedule in segmentations(on_device(problem, d))
     )
     evicting = _least_evicting(problem, device)
     for schedule in itertools.chain(
@@ -101,7 +101,7 @@ def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
 
 
 def _least_evicting(problem: Problem, device: int) -> Schedule | None:
-    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.05%) at which
+    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%) at which
     it fits, the other devices at their budgets; None if it fits not even at keep-all."""
 
     def fitting(budget: int) -> Schedule | None:
@@ -135,7 +135,7 @@ def equal_budget_lower_bound(problem: Problem) -> int:
 def minimum_equal_budget(problem: Problem) -> MinBudget:
     """`lower` <= the smallest budget that every device can be given at once <= `feasible`.
 
-    `feasible` is the least budget (searched by halving, to 0.05%) at which the offloading heuristic (computing
+    `feasible` is the least budget (searched by halving, to 0.5%) at which the offloading heuristic (computing
     on each device, parking on each other one or nowhere) or a baseline on one device fits; it equals `lower`
     when that is proven minimal. Seconds at any size: no MILP runs, so in between nothing is proven."""
     lower = equal_budget_lower_bound(problem)
@@ -163,7 +163,7 @@ def _keep_all_room(problem: Problem) -> int:
 
 
 def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
-    """The least budget in [lower, high] (to 0.05% of high) at which `fitting` gives a schedule, and it; `high`
+    """The least budget in [lower, high] (to 0.5% of high) at which `fitting` gives a schedule, and it; `high`
     and None if none fits at `high` either. Halving assumes that what fits a budget fits any larger one."""
     best = fitting(high)
     if best is None:
@@ -171,7 +171,7 @@ def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: i
     if (at_lower := fitting(lower)) is not None:
         return lower, at_lower
     low = lower
-    while high - low > max(1, high // 2000):
+    while high - low > max(1, high // 200):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:
             high, best = middle, schedule

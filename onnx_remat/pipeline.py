@@ -22,7 +22,7 @@ from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
-from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.rewrite import count_role, rewrite, tag_budgets
 from onnx_remat.passes.run_devices import build_plan, race
 from onnx_remat.passes.sequences import sequence_reads_to_slices
 from onnx_remat.passes.shapes import resolve_shapes
@@ -178,7 +178,8 @@ def remat(
     minima = tuple(min(known, peak) for known, peak in zip(minima, peaks, strict=True))  # the schedule fits its peak
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
-    report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice)
+    report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
+                     recomputed_nodes=count_role(rewritten, "recompute"))
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled)
 

@@ -106,6 +106,8 @@ class Report:
     device_usage: tuple[DeviceUsage, ...] = ()
     copies: tuple[CopyRecord, ...] = ()
     measured_choice: MeasuredChoice | None = None
+    recomputed_nodes: int | None = None
+    """Nodes of the rewritten model that are recomputations (an operator may span several nodes)."""
 
     @property
     def time_overhead(self) -> float:
@@ -135,7 +137,8 @@ class Report:
             f"time         {self.predicted_seconds * 1e3:.3f} ms predicted, "
             f"{100 * self.time_overhead:+.1f}% against keep-all {self.keep_all_seconds * 1e3:.3f} ms"
             f"{' (fastest single device)' if len(self.devices) > 1 else ''}",
-            f"recompute    {recomputed} extra computations of {len(self.recomputations)} operators, "
+            f"recompute    {'' if self.recomputed_nodes is None else f'{self.recomputed_nodes} nodes: '}"
+            f"{recomputed} extra computations of {len(self.recomputations)} operators, "
             f"{1e3 * sum(r.added_seconds for r in self.recomputations):.3f} ms added",
             f"solver       {s.name}: {s.status}, gap {100 * s.gap:.2f}%, {s.seconds:.2f} s",
         ]

@@ -277,6 +277,11 @@ def _set_device_configurations(model: ModelProto, devices: tuple[str, ...]) -> N
                 placement.sharding_spec.add(tensor_name=name, device=[index[_meta(node, "device")]])
 
 
+def count_role(model: ModelProto, role: str) -> int:
+    """How many nodes of a rewritten model have this `onnx_remat.role` (recompute, copy...): what a user sees."""
+    return sum(1 for node in model.graph.node if _meta(node, "role") == role)
+
+
 def _meta(node: NodeProto, key: str) -> str | None:
     """The node's `onnx_remat.<key>` metadata value, or None."""
     return next((p.value for p in node.metadata_props if p.key == PREFIX + key), None)

@@ -86,3 +86,13 @@ def test_headroom_leaves_a_share_of_the_budget_free():
         onnx_remat.remat(original, reference.minimum_budget_bytes, headroom=0.05)
     with pytest.raises(UsageError, match="headroom"):
         onnx_remat.remat(original, budget, headroom=1.5)
+
+
+def test_summary_counts_the_recomputed_nodes_a_user_sees():
+    """One operator may be a group of nodes (a training step's layers): the summary counts the graph's `__remat`
+    nodes, not the operators' extra computations."""
+    result = onnx_remat.remat(conv_chain(depth=6), "min", mode="train", time_limit=20)
+    nodes = sum(1 for n in result.model.graph.node if "__remat" in n.name)
+    extra = sum(r.extra_computations for r in result.report.recomputations)
+    assert result.report.recomputed_nodes == nodes >= extra > 0
+    assert f"recompute    {nodes} nodes: {extra} extra computations" in result.report.summary()

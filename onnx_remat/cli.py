@@ -195,6 +195,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             solver=args.solver, time_limit=args.time_limit, progress=on_solve, devices=args.devices,
             cost_model=args.cost_model, profile_progress=on_profile, emit_problem=args.emit_problem,
             emit_mps=args.emit_mps, pick_by_running=args.pick_by_running, headroom=args.headroom,
+            find_minimum=bool(args.report),
         )
     check_output_path(args.output, args.input, args.force)
     write_atomically(Path(args.output), result.model.SerializeToString())

@@ -30,7 +30,7 @@ from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.checkmate_milp import write_mps
-from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
@@ -56,8 +56,9 @@ class RematResult:
     problem: Problem
     report: Report
     forward_count: int | None = None
-    minimum_bytes: tuple[int, ...] = ()
-    """Per device, the smallest feasible budget found (with the other devices at their budgets)."""
+    minimum_bytes: tuple[int | None, ...] = ()
+    """Per device, the smallest feasible budget found (with the other devices at their budgets); None if not
+    searched."""
     profiled: ProfiledCosts | None = None
     """The measured costs the problem uses (cost model "profiled" or "in-graph"), or None (analytic)."""
 
@@ -145,6 +146,7 @@ def remat(
     emit_mps: str | Path | None = None,
     pick_by_running: bool = False,
     headroom: float = 0.0,
+    find_minimum: bool = True,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
 
@@ -158,6 +160,8 @@ def remat(
     devices and keep the fastest (the report gives every time); predicted costs may misjudge a runtime.
     `headroom`: the fraction of every budget the schedule leaves free, for what the runtimes allocate beyond the
     tensors (measured in multi-device runs: 1-4% over the predicted peak); the report still states the budgets.
+    `find_minimum`: search each device's minimum budget for the report even when the budget does not need it
+    (with one device and an explicit budget the search is otherwise skipped, and the report's minimum is None).
     """
     devices = get_devices(devices)
     budgets = device_budgets(devices, budget)
@@ -165,7 +169,7 @@ def remat(
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
-    problem, minima = with_budgets(graph.problem, budgets)
+    problem, minima = with_budgets(graph.problem, budgets, find_minimum)
     if emit_problem:
         write_problem(problem, emit_problem)
     if emit_mps:
@@ -175,7 +179,8 @@ def remat(
     if pick_by_running:
         result, choice = faster_by_running(prepared, graph.opmap, problem, result, devices)
     peaks = check_schedule(problem, result.schedule).peak_bytes
-    minima = tuple(min(known, peak) for known, peak in zip(minima, peaks, strict=True))  # the schedule fits its peak
+    minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
+                   for known, peak in zip(minima, peaks, strict=True))
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
@@ -184,14 +189,14 @@ def remat(
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled)
 
 
-def with_headroom(problem: Problem, headroom: float, minima: Sequence[int]) -> Problem:
+def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:
     """`problem` with `headroom` (a fraction) taken off every budget; refused if a device then falls below its
     minimum."""
     if not 0 <= headroom < 1:
         raise UsageError(f"headroom must be a fraction in [0, 1), not {headroom}")
     budgets = tuple(budget - int(headroom * budget) for budget in problem.budgets)
     for device, (budget, minimum) in enumerate(zip(budgets, minima, strict=True)):
-        if budget < minimum:
+        if minimum is not None and budget < minimum:
             raise InfeasibleBudgetError(
                 f"device {problem.devices[device]}: its budget less {100 * headroom:g}% headroom, "
                 f"{format_bytes(budget)}, is below its minimum {format_bytes(minimum)}: lower the headroom or raise "
@@ -255,15 +260,21 @@ def costed_problem(
     return replace(graph, problem=profiled.apply(graph.problem)), profiled
 
 
-def with_budgets(problem: Problem, budgets: dict[str, Budget]) -> tuple[Problem, tuple[int, ...]]:
+def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: bool = True,
+                 ) -> tuple[Problem, tuple[int | None, ...]]:
     """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
     also return each device's minimum feasible budget (with the other devices at their budgets).
 
-    Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all."""
+    Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all. With one
+    device, an explicit budget and not `find_minimum`, the minimum is searched only if the budget is below a quick
+    bound (to state it when refusing), and is None otherwise: the solver then proves a budget infeasible itself."""
     keep = [problem.keep_all_bytes(d) for d in range(problem.num_devices)]
     wanted = [budgets[name] for name in problem.devices]
     requested = [keep[d] if b.minimum else b.resolve(keep[d], keep[d]) for d, b in enumerate(wanted)]
     _refuse_below_resident(problem, requested)
+    if not find_minimum and problem.num_devices == 1 and not wanted[0].minimum and \
+            requested[0] >= quick_lower_bound(problem):
+        return replace(problem, budgets=tuple(requested)), (None,)
     minima = []
     for d in range(problem.num_devices):
         problem = replace(problem, budgets=tuple(requested))

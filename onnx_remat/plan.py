@@ -14,7 +14,7 @@ from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputa
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 
-def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int, result: SolveResult) -> Report:
+def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int | None, result: SolveResult) -> Report:
     """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines."""
     simulation = simulate(problem, result.schedule)
     keep_all_seconds = min(sum(costs) for costs in problem.cost)

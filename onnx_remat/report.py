@@ -95,7 +95,7 @@ class Report:
     num_ops: int
     budget_bytes: int
     keep_all_bytes: int
-    minimum_budget_bytes: int
+    minimum_budget_bytes: int | None
     resident_bytes: int
     predicted_peak_bytes: int
     predicted_seconds: float
@@ -125,13 +125,14 @@ class Report:
     def summary(self) -> str:
         """The short human summary the CLI prints on stderr."""
         recomputed = sum(r.extra_computations for r in self.recomputations)
+        minimum = "not searched" if self.minimum_budget_bytes is None else format_bytes(self.minimum_budget_bytes)
         s = self.solver
         where = f"on {self.devices[0]} " if len(self.devices) > 1 else ""
         lines = [
             f"model        {self.model} ({self.mode}, {self.num_ops} operators, devices: {', '.join(self.devices)})",
             f"budget       {where}{format_bytes(self.budget_bytes)} "
             f"({100 * self.budget_bytes / self.keep_all_bytes:.1f}% of keep-all {format_bytes(self.keep_all_bytes)}; "
-            f"minimum {format_bytes(self.minimum_budget_bytes)})",
+            f"minimum {minimum})",
             f"peak         {format_bytes(self.predicted_peak_bytes)} predicted{' on the fullest device' * bool(where)} "
             f"(resident {format_bytes(self.resident_bytes)})",
             f"time         {self.predicted_seconds * 1e3:.3f} ms predicted, "

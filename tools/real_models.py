@@ -113,9 +113,9 @@ def recomputes(model: onnx.ModelProto) -> int:
     return sum(1 for node in model.graph.node if "__remat" in node.name)
 
 
-def check_inference(name: str, path: Path, outcome: Outcome) -> None:
+def check_inference(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     """Rewrite at the minimum budget; the outputs must equal the original's."""
-    result = remat(path, budget="min", time_limit=30)
+    result = remat(path, budget="min", time_limit=time_limit)
     feeds = example_feeds(name, result.model)
     want, got = run(path, feeds), run(result.model, feeds)
     outcome.infer_recomputes = recomputes(result.model)
@@ -187,7 +187,7 @@ def training_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
-def check_training(name: str, path: Path, outcome: Outcome) -> None:
+def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
     options = TrainingOptions(loss=ARCHITECTURES[name].loss)
     start = time.perf_counter()
@@ -207,18 +207,20 @@ def check_training(name: str, path: Path, outcome: Outcome) -> None:
         outcome.gradient_error = max(gradient_errors(float64_step_outputs(path, options, feeds), loss, grads))
         outcome.gradient_precision = "float64"
     try:
-        result = remat(path, budget="50%", mode="train", training=options, time_limit=30)
+        result = remat(path, budget="50%", mode="train", training=options, time_limit=time_limit,
+                       find_minimum=False)
         outcome.train_budget = "50%"
-    except InfeasibleBudgetError:
-        result = remat(path, budget="min", mode="train", training=options, time_limit=30)
+    except InfeasibleBudgetError as exc:
+        result = remat(path, budget=exc.minimum_bytes, mode="train", training=options, time_limit=time_limit)
         outcome.train_budget = "min"
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)
     outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
 
 
-def check(name: str, exporter: str, folder: Path) -> Outcome:
-    """Export one architecture and run every check, collecting the tool's messages for what fails."""
+def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> Outcome:
+    """Export one architecture and run every check, collecting the tool's messages for what fails; `time_limit`
+    bounds each solve (the best schedule found by then is checked)."""
     outcome = Outcome(name, exporter)
     path = export(name, exporter, folder / f"{name}.{exporter}.onnx")
     model = onnx.load(str(path), load_external_data=False)
@@ -226,7 +228,7 @@ def check(name: str, exporter: str, folder: Path) -> Outcome:
     outcome.nodes = len(model.graph.node)
     for stage in (check_inference, check_training):
         try:
-            stage(name, path, outcome)
+            stage(name, path, outcome, time_limit)
         except RematError as exc:
             outcome.errors.append(f"{stage.__name__.removeprefix('check_')}: {exc}")
     return outcome

@@ -43,6 +43,8 @@ MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
 DEFAULT_TIME_LIMIT = 60.0
+MINIMUM_SECONDS = 10.0
+"""The most the proof of a device's minimum budget may take (less when the time limit is shorter)."""
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""
 
@@ -169,7 +171,8 @@ def remat(
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
-    problem, minima = with_budgets(graph.problem, budgets, find_minimum)
+    proof_seconds = min(MINIMUM_SECONDS, time_limit or MINIMUM_SECONDS)
+    problem, minima = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
     if emit_problem:
         write_problem(problem, emit_problem)
     if emit_mps:
@@ -261,7 +264,7 @@ def costed_problem(
 
 
 def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: bool = True,
-                 ) -> tuple[Problem, tuple[int | None, ...]]:
+                 time_limit: float = MINIMUM_SECONDS) -> tuple[Problem, tuple[int | None, ...]]:
     """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
     also return each device's minimum feasible budget (with the other devices at their budgets).
 
@@ -278,7 +281,7 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
     minima = []
     for d in range(problem.num_devices):
         problem = replace(problem, budgets=tuple(requested))
-        minimum = minimum_budget(problem, d)
+        minimum = minimum_budget(problem, d, time_limit)
         if wanted[d].minimum:
             requested[d] = minimum.feasible
         elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):

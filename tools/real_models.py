@@ -6,7 +6,7 @@ PyTorch's own float32 error, which shows how ill-conditioned the model is; the t
 at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
 tool's own one-line message.
 
-    python tools/real_models.py [--models resnet18,gpt] [--exporters legacy,dynamo]
+    python tools/real_models.py [--models resnet18,gpt] [--exporters legacy,dynamo] [--time-limit 30]
 """
 
 from __future__ import annotations
@@ -211,7 +211,8 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
                        find_minimum=False)
         outcome.train_budget = "50%"
     except InfeasibleBudgetError as exc:
-        result = remat(path, budget=exc.minimum_bytes, mode="train", training=options, time_limit=time_limit)
+        result = remat(path, budget=exc.minimum_bytes, mode="train", training=options, time_limit=time_limit,
+                       find_minimum=False)
         outcome.train_budget = "min"
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)
@@ -262,12 +263,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ARCHITECTURES))
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
     args = parser.parse_args()
     outcomes = []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
             for exporter in args.exporters.split(","):
-                outcomes.append(check(name, exporter, Path(folder)))
+                outcomes.append(check(name, exporter, Path(folder), args.time_limit))
                 print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(outcomes))
 

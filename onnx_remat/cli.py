@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
+from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)"
     )
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
+    parser.add_argument("--time-limit", type=seconds, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
                         help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})")
     parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     parser.add_argument("--emit-problem", metavar="FILE.json",

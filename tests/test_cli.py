@@ -207,3 +207,13 @@ def test_bad_training_models_exit_3_without_output(capsys, tmp_path, case, patte
 def test_no_remat_needs_train_mode(capsys, chain_path, tmp_path):
     code, err = run_cli(capsys, chain_path, tmp_path / "out.onnx", "--no-remat")
     assert code == 2 and "--mode train" in err
+
+
+@pytest.mark.parametrize("command", [[], ["sweep"], ["max-batch"], ["solve"]])
+@pytest.mark.parametrize("limit", ["nan", "inf", "0", "-1", "1e308"])
+def test_time_limits_that_are_not_a_positive_finite_time_exit_2(capsys, chain_path, tmp_path, command, limit):
+    with pytest.raises(SystemExit) as info:
+        main([*command, str(chain_path), str(tmp_path / "out.onnx"), "--budget", "50%", f"--time-limit={limit}"])
+    assert info.value.code == 2
+    assert "is not a number of seconds" in capsys.readouterr().err
+    assert not (tmp_path / "out.onnx").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from onnx_remat.arguments import seconds
 from onnx_remat.batch import DEFAULT_MAX_BATCH, BatchTrial, MaxBatch, max_batch
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.cli import parse_input_shapes
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
         help=f"solver time limit per batch tried (default {DEFAULT_TIME_LIMIT:g})",
@@ -70,8 +71,6 @@ def run(args: argparse.Namespace, console: Console) -> None:
         )
     if args.max_batch < 1:
         raise UsageError("--max-batch must be at least 1")
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
     for extra in (args.output, args.report):
         if extra:
             check_output_path(extra, args.input, args.force)

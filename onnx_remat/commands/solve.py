@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.errors import UsageError
 from onnx_remat.files import write_atomically
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
     parser.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
         help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})",
@@ -58,8 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Read the problem, set the budgets, solve with live progress, print the comparison, write the report."""
-    if args.time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
     if args.solver not in SOLVERS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.report:

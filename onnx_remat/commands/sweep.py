@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.devices import PRESETS
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--time-limit",
-        type=float,
+        type=seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
         help=f"solver time limit per budget (default {DEFAULT_TIME_LIMIT:g})",
@@ -85,8 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, sweep, print the table, write plot and JSON."""
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
     if args.solver not in SOLVERS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.knee_overhead < 0:

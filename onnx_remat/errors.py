@@ -50,3 +50,9 @@ class ScheduleError(RematError):
     """A schedule failed the simulator: a bug in a solver, never a user error."""
 
     exit_code = 7
+
+
+class OverBudgetError(RematError):
+    """`onnx-remat run` measured (or predicted) a device's peak over its budget: the outputs are still written."""
+
+    exit_code = 8

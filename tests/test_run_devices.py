@@ -265,3 +265,21 @@ def test_pick_by_running_keeps_whichever_schedule_runs_fastest():
         assert kept.objective == pytest.approx(check_schedule(problem, schedule).total_cost)
     on_ort = replace(result, schedule=alone[0], device_schedules=(alone[0], None))
     assert faster_by_running(prepared, graph.opmap, problem, on_ort, get_devices(TWO_ENGINES)) == (on_ort, None)
+
+
+def test_cli_run_over_budget_exits_8_after_writing_its_outputs(two_device_path, tmp_path, capsys):
+    """A pipeline gates on the exit code: a run over a device's budget is not a success."""
+    out = tmp_path / "out.npz"
+    code = main(["run", str(two_device_path), "--devices", TWO_ENGINES, "--budget", "ort-cpu=1KiB", "--repeats", "1",
+                 "--outputs", str(out)])
+    err = capsys.readouterr().err
+    assert code == 8, err
+    assert "OVER BUDGET" in err and "ort-cpu went over budget" in err.strip().splitlines()[-1]
+    assert out.exists()
+
+
+def test_cli_run_on_one_device_states_no_hand_offs(tmp_path, capsys):
+    path = tmp_path / "chain.remat.onnx"
+    onnx_remat.remat(conv_chain(), "100%").save(path)
+    assert main(["run", str(path), "--devices", "cpu", "--repeats", "1"]) == 0
+    assert "hand-offs" not in capsys.readouterr().err

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
-from onnx_remat.errors import UsageError
+from onnx_remat.errors import OverBudgetError, UsageError
 from onnx_remat.execution import DEFAULT_REPEATS, input_values, run_on_devices
 from onnx_remat.files import write_atomically
 from onnx_remat.passes.execute import run as run_whole
@@ -74,6 +74,11 @@ def run(args: argparse.Namespace, console: Console) -> None:
         buffer = io.BytesIO()
         np.savez(buffer, **result.outputs)
         write_atomically(Path(args.outputs), buffer.getvalue())
+    over = [name for name, budget in result.budgets.items()
+            if budget is not None and result.peak_bytes[name] > budget]
+    if over:
+        raise OverBudgetError(f"{', '.join(over)} went over budget: raise the budget, or rewrite with --headroom "
+                              "for what the runtime allocates beyond the tensors")
 
 
 def _read_feeds(path: str) -> dict[str, np.ndarray]:
@@ -107,7 +112,8 @@ def summary_lines(model: str, result: DeviceRun, repeats: int) -> list[str]:
             f"  {name}: {result.segments[name]} segments, {_ms(seconds)}, predicted peak "
             f"{format_bytes(result.predicted_peak_bytes[name])}{measured} ({against})"
         )
-    lines.append(f"  hand-offs between devices: {_ms(result.handoff_seconds)}")
+    if len(result.device_seconds) > 1:
+        lines.append(f"  hand-offs between devices: {_ms(result.handoff_seconds)}")
     return lines
 
 

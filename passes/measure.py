@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx
 
 from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
@@ -38,7 +39,7 @@ def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     of live buffers plus the node's workspace. A buffer lives from its producer to the last reader of any
     tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to the end
     (onnxruntime frees unread outputs only then)."""
-    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    model = resolve_shapes(model)
     graph = model.graph
     infos = tensor_infos(model)
     owner = shared_buffers(graph.node, {output.name for output in graph.output})

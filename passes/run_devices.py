@@ -39,6 +39,7 @@ from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.passes.measure import predicted_activation_peak
 from onnx_remat.passes.rewrite import PREFIX, PRELUDE_STEP
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
+from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
@@ -120,7 +121,7 @@ class DeviceRun:
 def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
     """Split a rewritten model into per-device segments and copies, and predict each device's peak memory."""
     devices = tuple(devices)
-    model = onnx.shape_inference.infer_shapes(model)
+    model = resolve_shapes(model)
     groups = _group(_placements(model, devices))
     return _Planner(model, devices, tensor_infos(model)).build(groups)
 

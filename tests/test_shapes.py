@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_remat import run_on_devices
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.shapes import is_concrete, resolve_shapes
@@ -75,8 +76,8 @@ def test_a_value_dependent_shape_is_refused_naming_its_node() -> None:
         resolve_shapes(_model(nodes, []))
 
 
-def test_a_model_whose_shapes_only_running_finds_is_rewritten_to_the_same_outputs() -> None:
-    """End to end: the model runs the same after the rewrite at the smallest budget."""
+def _reshaped_by_a_parameter() -> onnx.ModelProto:
+    """A model whose Reshape target is computed from a parameter's values: only running it tells the sizes."""
     nodes = [
         helper.make_node("ReduceSum", ["w"], ["w_sum"], keepdims=0),
         helper.make_node("Cast", ["w_sum"], ["rows"], to=TensorProto.INT64),
@@ -88,7 +89,21 @@ def test_a_model_whose_shapes_only_running_finds_is_rewritten_to_the_same_output
         helper.make_node("Mul", ["a", "b"], ["y"]),
     ]
     inits = [numpy_helper.from_array(np.array([1.0, 3.0], np.float32), "w"), _ints("axis0", [0]), _ints("minus1", [-1])]
-    model = _model(nodes, inits, [4, 6])
+    return _model(nodes, inits, [4, 6])
+
+
+def test_a_model_whose_shapes_only_running_finds_is_rewritten_to_the_same_outputs() -> None:
+    """End to end: the model runs the same after the rewrite at the smallest budget."""
+    model = _reshaped_by_a_parameter()
     result = remat(model, budget="min", time_limit=10)
     feeds = random_feeds(model)
     np.testing.assert_allclose(run(result.model, feeds)[0], run(model, feeds)[0], rtol=1e-6)
+
+
+def test_a_two_device_rewrite_of_such_a_model_runs_on_its_devices() -> None:
+    """`onnx-remat run` once failed with a KeyError on a tensor inference alone leaves without a size."""
+    model = _reshaped_by_a_parameter()
+    result = remat(model, budget="100%", devices="ort-cpu+ov-cpu", cost_model="analytic", time_limit=10)
+    feeds = random_feeds(model)
+    ran = run_on_devices(result.model, "ort-cpu+ov-cpu", feeds, repeats=1, measure_memory=False)
+    np.testing.assert_allclose(ran.outputs["y"], run(model, feeds)[0], rtol=1e-6)

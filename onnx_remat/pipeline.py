@@ -11,7 +11,7 @@ import onnx
 
 from onnx_remat.budget import Budget, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.errors import InfeasibleBudgetError, OutputError, UsageError
+from onnx_remat.errors import InfeasibleBudgetError, OutputError, RematError, SolverError, UsageError
 from onnx_remat.files import write_atomically
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes import load
@@ -177,7 +177,13 @@ def remat(
         write_problem(problem, emit_problem)
     if emit_mps:
         write_mps(problem, emit_mps)
-    result = solve(with_headroom(problem, headroom, minima), solver=solver, time_limit=time_limit, progress=progress)
+    try:
+        result = solve(with_headroom(problem, headroom, minima), solver=solver, time_limit=time_limit,
+                       progress=progress)
+    except SolverError as exc:
+        if None in minima:  # not searched: say what the budget is short of
+            raise _short_budget(problem, exc, proof_seconds) from None
+        raise
     choice = None
     if pick_by_running:
         result, choice = faster_by_running(prepared, graph.opmap, problem, result, devices)
@@ -288,6 +294,16 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
             raise InfeasibleBudgetError(_below_minimum(problem, d, requested[d], minimum.feasible), minimum.feasible)
         minima.append(minimum.feasible)
     return replace(problem, budgets=tuple(requested)), tuple(minima)
+
+
+def _short_budget(problem: Problem, failure: SolverError, proof_seconds: float) -> RematError:
+    """For one device whose minimum was not searched and no schedule was found: InfeasibleBudgetError if the budget
+    is below the proven minimum, else the solver's error with the smallest budget known to fit."""
+    minimum = minimum_budget(problem, 0, proof_seconds)
+    if problem.budgets[0] < minimum.lower:
+        return InfeasibleBudgetError(_below_minimum(problem, 0, problem.budgets[0], minimum.feasible), minimum.feasible)
+    return SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
+                       f"{minimum.feasible} bytes)")
 
 
 def _refuse_below_resident(problem: Problem, requested: list[int]) -> None:

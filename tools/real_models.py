@@ -26,7 +26,7 @@ from onnx.reference import ReferenceEvaluator
 from real_model_zoo import ARCHITECTURES, EXPORTERS, export, make
 from torch.nn import functional as F
 
-from onnx_remat.errors import InfeasibleBudgetError, RematError
+from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError
 from onnx_remat.passes.execute import ort_session
 from onnx_remat.pipeline import TrainingOptions, prepare, remat
 
@@ -210,9 +210,8 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
         result = remat(path, budget="50%", mode="train", training=options, time_limit=time_limit,
                        find_minimum=False)
         outcome.train_budget = "50%"
-    except InfeasibleBudgetError as exc:
-        result = remat(path, budget=exc.minimum_bytes, mode="train", training=options, time_limit=time_limit,
-                       find_minimum=False)
+    except (InfeasibleBudgetError, SolverError):
+        result = remat(path, budget="min", mode="train", training=options, time_limit=time_limit)
         outcome.train_budget = "min"
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)

@@ -21,20 +21,20 @@ from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
-from onnx_remat.files import write_atomically
-from onnx_remat.netron import default_path, write_attachment
+from onnx_remat.files import check_outputs, write_atomically, write_together
+from onnx_remat.netron import attachment_bytes, default_path
 from onnx_remat.passes.autodiff import LOSSES
 from onnx_remat.passes.solve import SOLVERS
 from onnx_remat.pipeline import (
     COST_MODELS,
     DEFAULT_TIME_LIMIT,
     MODES,
+    RematResult,
     TrainingOptions,
-    check_output_path,
     prepare,
     remat,
 )
-from onnx_remat.plot import plot_schedule
+from onnx_remat.plot import render_schedule
 
 COMMANDS: dict[str, str] = {
     "sweep": "sweep",
@@ -173,14 +173,12 @@ def run(args: argparse.Namespace, console: Console) -> None:
         raise UsageError("--no-remat writes the training graph: use it with --mode train")
     if args.budget is None and args.devices is None and not args.no_remat:
         raise UsageError("--budget is required: give bytes (512MiB), a percentage of keep-all (25%) or min")
-    check_output_path(args.output, args.input, args.force)
     if args.netron_attachment == "":
         args.netron_attachment = str(default_path(args.output))
     if args.netron_attachment and not args.netron_attachment.lower().endswith(".json"):
         raise UsageError(f"--netron-attachment {args.netron_attachment} must end in .json (Netron reads only those)")
-    for extra in (args.report, args.plot, args.netron_attachment, args.emit_problem, args.emit_mps):
-        if extra:
-            check_output_path(extra, args.input, args.force)
+    extras = (args.report, args.plot, args.netron_attachment, args.emit_problem, args.emit_mps)
+    check_outputs([args.output, *(extra for extra in extras if extra)], args.input, args.force)
     if args.emit_mps and Path(args.emit_mps).suffix.lower() != ".mps":
         raise UsageError(f"--emit-mps {args.emit_mps} must end in .mps")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
@@ -198,17 +196,25 @@ def run(args: argparse.Namespace, console: Console) -> None:
             emit_mps=args.emit_mps, pick_by_running=args.pick_by_running, headroom=args.headroom,
             find_minimum=bool(args.report),
         )
-    check_output_path(args.output, args.input, args.force)
-    write_atomically(Path(args.output), result.model.SerializeToString())
-    if args.report:
-        write_atomically(Path(args.report), result.report.to_json().encode())
-    if args.netron_attachment:
-        write_attachment(args.netron_attachment, result.model, result.problem, result.schedule, result.report)
-    if args.plot:
-        plot_schedule(result.problem, result.schedule, args.plot, forward_count=result.forward_count,
-                      title=f"{Path(args.input).name} at {format_bytes(result.report.budget_bytes)}")
-    console.print(result.report.summary(), highlight=False)
+    summary = result.report.summary()
+    write_together(_outputs(args, result))
+    console.print(summary, highlight=False)
     console.print(f"wrote {args.output}", highlight=False)
+
+
+def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]:
+    """Every file the main command writes, by path, rendered before any is written."""
+    outputs = {Path(args.output): result.model.SerializeToString()}
+    if args.report:
+        outputs[Path(args.report)] = result.report.to_json().encode()
+    if args.netron_attachment:
+        outputs[Path(args.netron_attachment)] = attachment_bytes(result.model, result.problem, result.schedule,
+                                                                 result.report)
+    if args.plot:
+        outputs[Path(args.plot)] = render_schedule(
+            result.problem, result.schedule, Path(args.plot).suffix, forward_count=result.forward_count,
+            title=f"{Path(args.input).name} at {format_bytes(result.report.budget_bytes)}")
+    return outputs
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import onnx
 
-from onnx_remat.files import write_atomically
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.report import Report
@@ -57,12 +56,9 @@ def attachment(model: onnx.ModelProto, problem: Problem, schedule: Schedule, rep
     return {"signature": SIGNATURE, "metadata": metadata, "metrics": metrics}
 
 
-def write_attachment(
-    path: str | Path, model: onnx.ModelProto, problem: Problem, schedule: Schedule, report: Report
-) -> None:
-    """Write the Netron attachment for `model` to `path` atomically."""
-    data = attachment(model, problem, schedule, report)
-    write_atomically(Path(path), json.dumps(data, indent=1).encode())
+def attachment_bytes(model: onnx.ModelProto, problem: Problem, schedule: Schedule, report: Report) -> bytes:
+    """The Netron attachment for `model` as the JSON file's bytes."""
+    return json.dumps(attachment(model, problem, schedule, report), indent=1).encode()
 
 
 def default_path(output: str | Path) -> Path:

@@ -11,8 +11,8 @@ import onnx
 
 from onnx_remat.budget import Budget, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.errors import InfeasibleBudgetError, OutputError, RematError, SolverError, UsageError
-from onnx_remat.files import write_atomically
+from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, UsageError
+from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
@@ -66,7 +66,7 @@ class RematResult:
 
     def save(self, path: str | Path, force: bool = False) -> None:
         """Write the rewritten model atomically (temporary file, then rename)."""
-        check_output_path(path, None, force)
+        check_outputs([path], None, force)
         write_atomically(Path(path), self.model.SerializeToString())
 
 
@@ -333,14 +333,3 @@ def _below_minimum(problem: Problem, device: int, requested: int, minimum: int) 
         f"device {name}: budget {format_bytes(requested)} is below its minimum feasible budget {amount} "
         f"with the other devices at their budgets: raise --budget {name}= to at least that"
     )
-
-
-def check_output_path(path: str | Path, source: str | Path | None, force: bool) -> None:
-    """Refuse to write over the input or an existing file without force, or into a missing directory."""
-    out = Path(path)
-    if source is not None and out.resolve() == Path(source).resolve() and not force:
-        raise OutputError(f"output {out} is the input file: choose another path or pass --force to overwrite it")
-    if out.exists() and not force:
-        raise OutputError(f"output {out} already exists: pass --force to overwrite it")
-    if not out.parent.is_dir():
-        raise OutputError(f"output directory {out.parent} does not exist: create it first")

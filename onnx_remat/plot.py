@@ -186,8 +186,21 @@ def plot_schedule(
 ) -> None:
     """Write R/S matrices and memory per device to a .png or .svg atomically; ScheduleError if invalid."""
     target = _checked_target(path)
+    write_atomically(target, render_schedule(problem, schedule, target.suffix, keep_all_bytes, forward_count, title))
+
+
+def render_schedule(
+    problem: Problem,
+    schedule: Schedule,
+    suffix: str,
+    keep_all_bytes: int | Sequence[int] | None = None,
+    forward_count: int | None = None,
+    title: str | None = None,
+) -> bytes:
+    """The R/S matrices and memory per device as the bytes of a .png or .svg (by `suffix`); ScheduleError if
+    invalid."""
     fig = _build_figure(problem, schedule, _keep_all_per_device(problem, keep_all_bytes), forward_count, title)
-    _save(fig, target)
+    return _rendered(fig, suffix)
 
 
 def _checked_target(path: str | os.PathLike[str]) -> Path:
@@ -200,11 +213,11 @@ def _checked_target(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _save(fig: Figure, target: Path) -> None:
-    """Render `fig` in the format the suffix names and write it atomically."""
+def _rendered(fig: Figure, suffix: str) -> bytes:
+    """`fig` in the format the suffix names."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=_FORMATS[target.suffix.lower()], dpi=120)
-    write_atomically(target, buffer.getvalue())
+    fig.savefig(buffer, format=_FORMATS[suffix.lower()], dpi=120)
+    return buffer.getvalue()
 
 
 def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
@@ -252,7 +265,7 @@ def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize="small")
     fig.suptitle(f"{sweep.model} ({sweep.mode})")
-    _save(fig, target)
+    write_atomically(target, _rendered(fig, target.suffix))
 
 
 def _mark_infeasible(ax: Axes, sweep: Sweep) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -104,11 +106,53 @@ def test_bad_arguments(capsys, chain_path, tmp_path, extra, code, pattern):
     assert not out.exists()
 
 
-def test_output_equal_to_input_needs_force(capsys, chain_path):
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_output_equal_to_input_is_refused_even_with_force(capsys, chain_path, force):
     before = chain_path.read_bytes()
-    code, err = run_cli(capsys, chain_path, chain_path, "--budget", "100%")
-    assert code == 5 and "is the input file" in err
+    code, err = run_cli(capsys, chain_path, chain_path, "--budget", "100%", *force)
+    assert code == 5 and "is also the input" in err
     assert chain_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("which", ["--report", "--netron-attachment", "--plot"])
+def test_outputs_that_repeat_each_other_are_refused_before_any_work(capsys, chain_path, tmp_path, which):
+    out = tmp_path / "out.onnx"
+    same = tmp_path / ("same.png" if which == "--plot" else "same.json")
+    code, err = run_cli(capsys, chain_path, out, "--budget", "100%", "--report", same, which, same, "--force")
+    if which == "--report":  # argparse keeps the last --report: only one path, nothing repeated
+        assert code == 0
+        return
+    assert code == 5 and f"output {same} is also output {same}" in err
+    assert not out.exists() and not same.exists()
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused_even_with_force(capsys, chain_path, tmp_path):
+    """onnx-remat once replaced the null device with its model when run as root with --force."""
+    code, err = run_cli(capsys, chain_path, "/dev/null", "--budget", "100%", "--force")
+    assert code == 5 and "is not a regular file" in err
+    assert Path("/dev/null").is_char_device()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, err = run_cli(capsys, chain_path, tmp_path / "out.onnx", "--budget", "100%", "--report", fifo, "--force")
+    assert code == 5 and "is not a regular file" in err and not (tmp_path / "out.onnx").exists()
+
+
+def test_a_failure_while_writing_leaves_no_output(capsys, chain_path, tmp_path, monkeypatch):
+    """All or none: the report failing to be written takes the model with it, and no temporary file stays."""
+    import onnx_remat.files as files
+
+    real_replace = os.replace
+
+    def fail_on_report(source, target):
+        if str(target).endswith(".json"):
+            raise OSError(28, "No space left on device", str(target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(files.os, "replace", fail_on_report)
+    code, err = run_cli(capsys, chain_path, tmp_path / "out.onnx", "--budget", "100%", "--report",
+                        tmp_path / "r.json")
+    assert code == 5 and "No space left on device" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [chain_path.name]
 
 
 def test_missing_output_directory(capsys, chain_path, tmp_path):

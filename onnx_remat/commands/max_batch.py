@@ -13,9 +13,9 @@ from onnx_remat.batch import DEFAULT_MAX_BATCH, BatchTrial, MaxBatch, max_batch
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
-from onnx_remat.files import write_atomically
+from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.passes.solve import SOLVERS
-from onnx_remat.pipeline import MODES, check_output_path
+from onnx_remat.pipeline import MODES
 
 DEFAULT_TIME_LIMIT = 30.0
 TABLE_WIDTH = 130
@@ -71,9 +71,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         )
     if args.max_batch < 1:
         raise UsageError("--max-batch must be at least 1")
-    for extra in (args.output, args.report):
-        if extra:
-            check_output_path(extra, args.input, args.force)
+    check_outputs([extra for extra in (args.output, args.report) if extra], args.input, args.force)
     shapes = parse_input_shapes(args.input_shape)
     with console.status("trying batch sizes", spinner="dots") as status:
 

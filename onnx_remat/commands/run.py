@@ -19,11 +19,10 @@ from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import OverBudgetError, UsageError
 from onnx_remat.execution import DEFAULT_REPEATS, input_values, run_on_devices
-from onnx_remat.files import write_atomically
+from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.passes.execute import run as run_whole
 from onnx_remat.passes.load import load_model
 from onnx_remat.passes.run_devices import DeviceRun
-from onnx_remat.pipeline import check_output_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, console: Console) -> None:
     """Read the inputs, run the model on its devices, print the summary, write the outputs."""
     if args.outputs:
-        check_output_path(args.outputs, args.model, args.force)
+        check_outputs([args.outputs], args.model, args.force)
     model = load_model(args.model)
     feeds = input_values(model, _read_feeds(args.inputs) if args.inputs else None)
     result = run_on_devices(model, args.devices, feeds, args.budget, args.repeats, args.measure_memory)

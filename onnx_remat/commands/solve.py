@@ -18,12 +18,12 @@ from rich.console import Console
 from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.errors import UsageError
-from onnx_remat.files import write_atomically
+from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve import SOLVERS, SolveResult, solve
 from onnx_remat.passes.solve.baselines import placed_baselines
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, check_output_path
+from onnx_remat.pipeline import DEFAULT_TIME_LIMIT
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
 from onnx_remat.schedule import Compute, Copy, Event
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.solver not in SOLVERS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.report:
-        check_output_path(args.report, args.problem, args.force)
+        check_outputs([args.report], args.problem, args.force)
     problem = read_problem(args.problem)
     if args.budget:
         problem = with_budgets(problem, args.budget)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     for line in summary_lines(problem, result, baselines):
         console.print(line, highlight=False)
     if args.report:
-        check_output_path(args.report, args.problem, args.force)
+        check_outputs([args.report], args.problem, args.force)
         text = json.dumps(report(args.problem, problem, result, baselines), indent=1)
         write_atomically(Path(args.report), (text + "\n").encode())
 

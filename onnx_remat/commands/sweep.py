@@ -15,9 +15,9 @@ from onnx_remat.budget import format_bytes
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import UsageError
-from onnx_remat.files import write_atomically
+from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.passes.solve import SOLVERS
-from onnx_remat.pipeline import COST_MODELS, MODES, check_output_path
+from onnx_remat.pipeline import COST_MODELS, MODES
 from onnx_remat.plot import plot_sweep
 from onnx_remat.sweep import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, Sweep, parse_budgets, sweep
 
@@ -92,9 +92,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         raise UsageError("--knee-overhead must be a percentage of at least 0")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
-    for extra in (args.plot, args.json):
-        if extra:
-            check_output_path(extra, args.input, args.force)
+    check_outputs([extra for extra in (args.plot, args.json) if extra], args.input, args.force)
     budgets = parse_budgets(args.budgets)
     shapes = parse_input_shapes(args.input_shape)
     with console.status(f"solving at {len(budgets)} budgets", spinner="dots"):

@@ -221,9 +221,10 @@ def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
             m.running_var.uniform_(0.75, 1.25)
     with torch.no_grad():
         for p in module.parameters():
-            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
-                # Constant-initialised biases and norm weights: exporters merge equal initializers.
-                p.add_(torch.empty_like(p).uniform_(-0.1, 0.1))
+            # Exporters merge equal initializers: constant-initialised biases and norm weights, and the layers
+            # nn.TransformerEncoder deep-copies from one, would each share one tensor (and one summed gradient).
+            p.add_(torch.empty_like(p).uniform_(-0.1, 0.1) if p.numel() > 1 and bool((p == p.flatten()[0]).all())
+                   else torch.empty_like(p).uniform_(-0.01, 0.01))
     return module.eval(), ARCHITECTURES[name].inputs()
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import onnx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
@@ -21,7 +22,8 @@ from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
-from onnx_remat.files import check_outputs, write_atomically, write_together
+from onnx_remat.files import check_outputs, write_together
+from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.netron import attachment_bytes, default_path
 from onnx_remat.passes.autodiff import LOSSES
 from onnx_remat.passes.solve import SOLVERS
@@ -185,7 +187,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     if args.no_remat:
         model = prepare(args.input, "train", shapes, training).model
-        write_atomically(Path(args.output), model.SerializeToString())
+        write_together(_model_files(args, model))
         console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
         return
     with _live_progress(console) as (on_profile, on_solve):
@@ -202,9 +204,16 @@ def run(args: argparse.Namespace, console: Console) -> None:
     console.print(f"wrote {args.output}", highlight=False)
 
 
+def _model_files(args: argparse.Namespace, model: onnx.ModelProto) -> dict[Path, bytes]:
+    """The output model's file, with its weights in `<output>.data` beside it when the input kept them outside."""
+    files = model_files(model, args.output, has_external_data(args.input))
+    check_outputs([path for path in files if path != Path(args.output)], args.input, args.force)
+    return files
+
+
 def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]:
     """Every file the main command writes, by path, rendered before any is written."""
-    outputs = {Path(args.output): result.model.SerializeToString()}
+    outputs = _model_files(args, result.model)
     if args.report:
         outputs[Path(args.report)] = result.report.to_json().encode()
     if args.netron_attachment:

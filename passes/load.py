@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx.external_data_helper import load_external_data_for_model
 
 from onnx_remat.errors import ModelError, UsageError
 
@@ -23,11 +24,16 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
         if not path.is_file():
             raise ModelError(f"input model {name} does not exist: check the path")
         try:
-            model = onnx.load(str(path))
-        except (DecodeError, RuntimeError, ValueError) as exc:
+            model = onnx.load(str(path), load_external_data=False)
+        except (DecodeError, RuntimeError, ValueError, OSError) as exc:
             raise ModelError(
                 f"{name} is not a readable ONNX model ({_first_line(exc)}): is the file complete?"
             ) from None
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (onnx.checker.ValidationError, OSError, ValueError) as exc:
+            raise ModelError(f"cannot read the weights {name} keeps in an external file ({_first_line(exc)}): "
+                             "keep the data file beside the model, under the name the model gives") from None
     if not model.graph.node:
         raise ModelError(f"{name} has no nodes: is it an ONNX model file?")
     try:

@@ -9,12 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from conftest import conv_chain
 from onnx import TensorProto
 
 from onnx_remat.cli import main
+from onnx_remat.passes.execute import random_feeds, run
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str]:
@@ -261,3 +263,22 @@ def test_time_limits_that_are_not_a_positive_finite_time_exit_2(capsys, chain_pa
     assert info.value.code == 2
     assert "is not a number of seconds" in capsys.readouterr().err
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_weights_kept_in_an_external_file_stay_external_in_the_output(capsys, tmp_path):
+    """As PyTorch's dynamo exporter writes them: `model.onnx` + `model.onnx.data`; the output keeps that form."""
+    model = conv_chain(depth=3, channels=16)
+    source = tmp_path / "model.onnx"
+    onnx.save(conv_chain(depth=3, channels=16), source, save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    out = tmp_path / "out.onnx"
+    code, err = run_cli(capsys, source, out, "--budget", "100%")
+    assert code == 0, err
+    assert (tmp_path / "out.onnx.data").stat().st_size > 0
+    written = onnx.load(out, load_external_data=False)
+    assert any(init.data_location == TensorProto.EXTERNAL for init in written.graph.initializer)
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run(str(out), feeds)[0], run(model, feeds)[0], rtol=1e-6)
+    (tmp_path / "model.onnx.data").unlink()
+    code, err = run_cli(capsys, source, tmp_path / "again.onnx", "--budget", "100%")
+    assert code == 3 and "keep the data file beside the model" in err and len(err.strip().splitlines()) == 1

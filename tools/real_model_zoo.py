@@ -22,13 +22,13 @@ EXPORTERS = ("legacy", "dynamo")
 """`torch.onnx.export(dynamo=False)` at opset 17, and the default `dynamo=True` (opset 18 and newer)."""
 
 
-def _import_torchvision():
+def import_torchvision():
     """torchvision 0.28's wheel is built against CUDA torch: define its two compiled ops' schemas first."""
-    if not hasattr(_import_torchvision, "lib"):
+    if not hasattr(import_torchvision, "lib"):
         lib = torch.library.Library("torchvision", "DEF")
         lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _import_torchvision.lib = lib
+        import_torchvision.lib = lib
     import torchvision
 
     return torchvision
@@ -150,11 +150,11 @@ class Recurrent(nn.Module):
 
 
 def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
-    return lambda: getattr(_import_torchvision().models, name)(weights=None, **kwargs)
+    return lambda: getattr(import_torchvision().models, name)(weights=None, **kwargs)
 
 
 def _vit() -> nn.Module:
-    return _import_torchvision().models.VisionTransformer(
+    return import_torchvision().models.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
 
 

@@ -95,14 +95,22 @@ def _adopt(model: onnx.ModelProto, shapes: dict[str, onnx.ValueInfoProto], names
 
 
 def _folded_shapes(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Shapes inferred on a copy whose constant shape subgraphs are folded (never a parameter's values)."""
+    """Shapes on a copy whose constant shape subgraphs are folded (never a parameter's values): those the folder
+    gave the values it evaluated (their nodes are gone from the copy), then those inference finds downstream."""
     parameters = {i.name for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
     copy = ir.serde.deserialize_model(model)
+    values = [value for node in copy.graph for value in node.outputs]
     fold_constants(copy, onnx_shape_inference=True, should_fold=lambda node: _should_fold(node, parameters))
+    shapes = {value.name: ir.serde.serialize_value(value) for value in values if _is_concrete_value(value)}
     try:
-        return _known(_infer(ir.serde.serialize_model(copy)))
+        return {**_known(_infer(ir.serde.serialize_model(copy))), **shapes}
     except ModelError:
-        return {}
+        return shapes
+
+
+def _is_concrete_value(value: ir.Value) -> bool:
+    """Whether an IR value has a name, a tensor type and every dimension fixed."""
+    return bool(value.name) and value.dtype is not None and value.shape is not None and value.shape.is_static()
 
 
 def _should_fold(node: ir.Node, parameters: set[str]) -> bool | None:

@@ -23,7 +23,7 @@ from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.files import check_outputs, write_together
-from onnx_remat.model_files import has_external_data, model_files
+from onnx_remat.model_files import data_file, has_external_data, model_files
 from onnx_remat.netron import attachment_bytes, default_path
 from onnx_remat.passes.autodiff import LOSSES
 from onnx_remat.passes.solve import SOLVERS
@@ -180,14 +180,15 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.netron_attachment and not args.netron_attachment.lower().endswith(".json"):
         raise UsageError(f"--netron-attachment {args.netron_attachment} must end in .json (Netron reads only those)")
     extras = (args.report, args.plot, args.netron_attachment, args.emit_problem, args.emit_mps)
-    check_outputs([args.output, *(extra for extra in extras if extra)], args.input, args.force)
+    weights = [data_file(args.output)] if has_external_data(args.input) else []
+    check_outputs([args.output, *weights, *(extra for extra in extras if extra)], args.input, args.force)
     if args.emit_mps and Path(args.emit_mps).suffix.lower() != ".mps":
         raise UsageError(f"--emit-mps {args.emit_mps} must end in .mps")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     if args.no_remat:
         model = prepare(args.input, "train", shapes, training).model
-        write_together(_model_files(args, model))
+        write_together(_model_files(args, model, bool(weights)))
         console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
         return
     with _live_progress(console) as (on_profile, on_solve):
@@ -204,16 +205,17 @@ def run(args: argparse.Namespace, console: Console) -> None:
     console.print(f"wrote {args.output}", highlight=False)
 
 
-def _model_files(args: argparse.Namespace, model: onnx.ModelProto) -> dict[Path, bytes]:
-    """The output model's file, with its weights in `<output>.data` beside it when the input kept them outside."""
-    files = model_files(model, args.output, has_external_data(args.input))
+def _model_files(args: argparse.Namespace, model: onnx.ModelProto, external: bool) -> dict[Path, bytes]:
+    """The output model's file, with its weights in `<output>.data` beside it when the input kept them outside
+    (that path was checked before the work) or the model is too large for one file (checked now)."""
+    files = model_files(model, args.output, external)
     check_outputs([path for path in files if path != Path(args.output)], args.input, args.force)
     return files
 
 
 def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]:
     """Every file the main command writes, by path, rendered before any is written."""
-    outputs = _model_files(args, result.model)
+    outputs = _model_files(args, result.model, result.external_data)
     if args.report:
         outputs[Path(args.report)] = result.report.to_json().encode()
     if args.netron_attachment:

@@ -56,3 +56,9 @@ class OverBudgetError(RematError):
     """`onnx-remat run` measured (or predicted) a device's peak over its budget: the outputs are still written."""
 
     exit_code = 8
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text (its type if empty): library errors quoted in one-line messages."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -12,7 +12,8 @@ import onnx
 from onnx_remat.budget import Budget, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
 from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, UsageError
-from onnx_remat.files import check_outputs, write_atomically
+from onnx_remat.files import check_outputs, write_together
+from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
@@ -63,11 +64,14 @@ class RematResult:
     searched."""
     profiled: ProfiledCosts | None = None
     """The measured costs the problem uses (cost model "profiled" or "in-graph"), or None (analytic)."""
+    external_data: bool = False
+    """Whether the input kept its weights in a data file: the saved model then does too, beside it."""
 
     def save(self, path: str | Path, force: bool = False) -> None:
-        """Write the rewritten model atomically (temporary file, then rename)."""
-        check_outputs([path], None, force)
-        write_atomically(Path(path), self.model.SerializeToString())
+        """Write the rewritten model (and its data file when weights are external) atomically, all or none."""
+        files = model_files(self.model, path, self.external_data)
+        check_outputs(list(files), None, force)
+        write_together(files)
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,8 @@ def remat(
     report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
                      recomputed_nodes=count_role(rewritten, "recompute"))
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
-    return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled)
+    return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled,
+                       has_external_data(model))
 
 
 def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:

@@ -1,4 +1,5 @@
-"""Load and validate an ONNX model: readable, checker-clean, nodes named, input shapes fixed."""
+"""Load and validate an ONNX model: readable with its external weights, checker-clean, nodes named, input shapes
+fixed."""
 
 from __future__ import annotations
 
@@ -6,40 +7,27 @@ import functools
 from pathlib import Path
 
 import onnx
-from google.protobuf.message import DecodeError
-from onnx.external_data_helper import load_external_data_for_model
 
-from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.errors import ModelError, UsageError, first_line
+from onnx_remat.model_files import read_model
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
-    """Read a model from a path (or take a ModelProto) and run the ONNX checker on it."""
+    """Read a model from a path, external weights included (or take a ModelProto), and run the ONNX checker on it
+    (on the file when there is one: faster, and it holds models beyond protobuf's 2 GiB)."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
         name = "the model"
     else:
-        path = Path(source)
-        name = str(path)
-        if not path.is_file():
-            raise ModelError(f"input model {name} does not exist: check the path")
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except (DecodeError, RuntimeError, ValueError, OSError) as exc:
-            raise ModelError(
-                f"{name} is not a readable ONNX model ({_first_line(exc)}): is the file complete?"
-            ) from None
-        try:
-            load_external_data_for_model(model, str(path.parent))
-        except (onnx.checker.ValidationError, OSError, ValueError) as exc:
-            raise ModelError(f"cannot read the weights {name} keeps in an external file ({_first_line(exc)}): "
-                             "keep the data file beside the model, under the name the model gives") from None
+        name = str(source)
+        model = read_model(Path(source))
     if not model.graph.node:
         raise ModelError(f"{name} has no nodes: is it an ONNX model file?")
     try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise ModelError(f"{name} fails the ONNX checker: {_first_line(exc)}") from None
+        onnx.checker.check_model(model if isinstance(source, onnx.ModelProto) else str(source))
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise ModelError(f"{name} fails the ONNX checker: {first_line(exc)}") from None
     _refuse_unrunnable_opset(model, name)
     return model
 
@@ -125,8 +113,3 @@ def name_nodes(model: onnx.ModelProto) -> None:
         node.name = candidate
         seen.add(candidate)
         used.add(candidate)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -24,6 +24,9 @@ VALUE_FREE_READS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
 """Inputs an op reads for their shape or type only: folding such a node does not fold a parameter's values."""
 SMALL_CONSTANT = 4096
 """ConstantOfShape outputs up to this many elements are folded (the folder keeps ConstantOfShape by default)."""
+WEIGHT_BYTES = 4096
+"""Initializers this large are never shape data (a shape, a slice bound, a Resize scale is a few numbers): shape
+inference sees them as inputs of their type and shape only."""
 FLOAT_TYPES = frozenset({
     onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
 })
@@ -55,8 +58,21 @@ def is_concrete(value: onnx.ValueInfoProto | None) -> bool:
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Strict ONNX shape inference, with data propagation unless it contradicts shapes the model already states
-    (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took everything)."""
+    """A copy of `model` with the value infos strict ONNX shape inference finds. Inference runs on the model without
+    its weights (serialising them to onnx's C++ was most of its time), with data propagation unless that contradicts
+    shapes the model already states (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took
+    everything)."""
+    inferred = _infer_types(_without_weights(model))
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    result.graph.ClearField("value_info")
+    result.graph.value_info.extend(inferred.graph.value_info)
+    result.graph.ClearField("output")
+    result.graph.output.extend(inferred.graph.output)
+    return result
+
+
+def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError):
@@ -65,6 +81,21 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
         raise ModelError(f"shape inference failed: {first_line(exc)}") from None
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose initializers of WEIGHT_BYTES or more are graph inputs of the same type and shape instead."""
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    graph = light.graph
+    weights = [t for t in graph.initializer if len(t.raw_data) >= WEIGHT_BYTES]
+    kept = [t for t in graph.initializer if len(t.raw_data) < WEIGHT_BYTES]
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)
+    declared = {value.name for value in graph.input}
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                       for t in weights if t.name not in declared)
+    return light
 
 
 def _known(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat import run_on_devices
+from onnx_remat.cli import main
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.load import fix_input_shapes, load_model, name_nodes
 from onnx_remat.passes.shapes import is_concrete, resolve_shapes
 from onnx_remat.pipeline import remat
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from real_model_zoo import export  # noqa: E402
+
+IN_GRAPH_SHAPES = ("shufflenet_v2_x1_0", "vit", "gpt_mha")
+"""Legacy exports whose shapes are computed inside the graph (Shape -> Gather -> Slice/Reshape/Pad): ONNX inference
+alone left tensors of each without a size."""
 
 
 def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], out_shape: list | None = None,
@@ -107,3 +123,77 @@ def test_a_two_device_rewrite_of_such_a_model_runs_on_its_devices() -> None:
     feeds = random_feeds(model)
     ran = run_on_devices(result.model, "ort-cpu+ov-cpu", feeds, repeats=1, measure_memory=False)
     np.testing.assert_allclose(ran.outputs["y"], run(model, feeds)[0], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def legacy_export(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Export a model of the matrix once per module with PyTorch's legacy exporter (opset 17)."""
+    folder = tmp_path_factory.mktemp("legacy")
+    paths: dict[str, Path] = {}
+
+    def exported(name: str) -> Path:
+        if name not in paths:
+            paths[name] = export(name, "legacy", folder / f"{name}.onnx")
+        return paths[name]
+
+    return exported
+
+
+def _observed_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Every node output's shape as onnxruntime computes it on random inputs."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    declared = {o.name for o in model.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=out) for node in model.graph.node for out in node.output
+                              if out and out not in declared)
+    values = run(probe, random_feeds(model))
+    return {o.name: list(v.shape) for o, v in zip(probe.graph.output, values, strict=True)}
+
+
+def _resolved_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    graph = model.graph
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.value_info, *graph.output] if is_concrete(v)}
+
+
+@pytest.mark.parametrize("name", IN_GRAPH_SHAPES)
+def test_in_graph_shapes_of_exported_models_resolve_to_what_onnxruntime_computes(
+        name: str, legacy_export: Callable[[str], Path]) -> None:
+    model = load_model(legacy_export(name))
+    name_nodes(model)
+    fix_input_shapes(model, {})
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    assert len(_resolved_shapes(inferred)) < sum(len(n.output) for n in model.graph.node)  # inference alone fails
+    resolved = _resolved_shapes(resolve_shapes(model))
+    assert resolved == {**resolved, **_observed_shapes(model)}
+
+
+@pytest.mark.parametrize("name", IN_GRAPH_SHAPES)
+def test_exported_models_rewritten_on_the_command_line_give_the_original_outputs(
+        name: str, legacy_export: Callable[[str], Path], tmp_path: Path) -> None:
+    """The rewritten model also states every tensor's shape, for `onnx-remat run` and the memory measurement."""
+    source, out = legacy_export(name), tmp_path / "out.onnx"
+    assert main([str(source), str(out), "--budget", "60%", "--time-limit", "5", "-q"]) == 0
+    rewritten = onnx.load(out)
+    assert set(_resolved_shapes(rewritten)) >= {o for n in rewritten.graph.node for o in n.output}
+    feeds = random_feeds(rewritten)
+    for got, want in zip(run(out, feeds), run(source, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _PositiveEntries(torch.nn.Module):
+    """x[x > 0]: how many entries there are depends on the input's values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x[x > 0] * 2)
+
+
+def test_an_exported_value_dependent_shape_is_refused_naming_the_node(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "masked.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_PositiveEntries(), (torch.randn(2, 8),), str(path), dynamo=False, opset_version=17)
+    assert main([str(path), str(tmp_path / "out.onnx"), "--budget", "60%"]) == 3
+    error = capsys.readouterr().err.strip()
+    assert "NonZero node '/NonZero'" in error and "depends on the input values" in error
+    assert len(error.splitlines()) == 1

@@ -112,17 +112,14 @@ def _unknown(model: onnx.ModelProto) -> list[str]:
 
 
 def _adopt(model: onnx.ModelProto, shapes: dict[str, onnx.ValueInfoProto], names: list[str]) -> None:
-    """Record the shapes found for `names` in the model's value_info."""
-    outputs = {o.name: o for o in model.graph.output}
-    for name in names:
-        if name not in shapes:
-            continue
-        if name in outputs:
-            outputs[name].type.CopyFrom(shapes[name].type)
-            continue
-        kept = [v for v in model.graph.value_info if v.name != name]
-        del model.graph.value_info[:]
-        model.graph.value_info.extend([*kept, shapes[name]])
+    """Record the shapes found for `names` in the model's value_info (or its outputs), replacing partial ones."""
+    found = {name: shapes[name] for name in names if name in shapes}
+    for output in model.graph.output:
+        if output.name in found:
+            output.type.CopyFrom(found.pop(output.name).type)
+    kept = [v for v in model.graph.value_info if v.name not in found]
+    model.graph.ClearField("value_info")
+    model.graph.value_info.extend([*kept, *found.values()])
 
 
 def _folded_shapes(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

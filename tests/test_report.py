@@ -11,7 +11,7 @@ from conftest import skip_net
 from test_multidevice import problem
 
 import onnx_remat
-from onnx_remat.netron import SIGNATURE, default_path, write_attachment
+from onnx_remat.netron import SIGNATURE, attachment_bytes, default_path
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.plan import build_report
@@ -73,9 +73,7 @@ def test_recomputations_say_bytes_freed_stages_and_time_added() -> None:
 
 def test_netron_attachment_names_every_node(tmp_path: Path) -> None:
     result = onnx_remat.remat(skip_net(), "min")
-    path = tmp_path / "model.netron.json"
-    write_attachment(path, result.model, result.problem, result.schedule, result.report)
-    data = json.loads(path.read_text())
+    data = json.loads(attachment_bytes(result.model, result.problem, result.schedule, result.report))
     assert data["signature"] == SIGNATURE
     names = {node.name for node in result.model.graph.node}
     roles = {i["target"]: i["value"] for i in data["metadata"] if i["kind"] == "node" and i["name"] == "role"}

@@ -222,6 +222,7 @@ ELEMENTWISE = [
     Case("Pow", [rand(3, 4, low=0.5), np.array(3.0)], lambda a, p: a ** p.item()),
     Case("Identity", [rand(3, 4)], lambda a: a),
     Case("Cast", [rand(3, 4)], lambda a: a, {"to": TensorProto.DOUBLE}),
+    Case("CastLike", [rand(3, 4), np.zeros(1)], lambda a, like: a),
     Case("Where", [rand(3, 4) > 0, rand(3, 4), rand(4)], torch.where),
     Case("Expand", [rand(3, 1), ints(2, 3, 4)], lambda a, s: a.expand(2, 3, 4)),
     Case("Dropout", [rand(3, 4), np.array(0.0)], lambda a, r: a),

@@ -281,5 +281,5 @@ def test_cli_run_over_budget_exits_8_after_writing_its_outputs(two_device_path, 
 def test_cli_run_on_one_device_states_no_hand_offs(tmp_path, capsys):
     path = tmp_path / "chain.remat.onnx"
     onnx_remat.remat(conv_chain(), "100%").save(path)
-    assert main(["run", str(path), "--devices", "cpu", "--repeats", "1"]) == 0
+    assert main(["run", str(path), "--devices", "cpu", "--budget", "cpu=1GiB", "--repeats", "1"]) == 0
     assert "hand-offs" not in capsys.readouterr().err

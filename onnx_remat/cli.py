@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -252,6 +253,31 @@ def _live_progress(
         yield on_profile, on_solve
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread so the command unwinds as at Ctrl-C: temporary files and
+    directories are removed and solver workers killed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextmanager
+def _terminated_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into `Terminated` while a command runs (main thread only, as signals require)."""
+    names = [signal.SIGTERM, signal.SIGHUP] if hasattr(signal, "SIGHUP") else [signal.SIGTERM]
+    previous = {signum: signal.signal(signum, _raise_terminated) for signum in names}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:
@@ -261,13 +287,17 @@ def main(argv: list[str] | None = None) -> int:
         args, action = build_parser().parse_args(argv), run
     console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:
-        action(args, console)
+        with _terminated_on_signals():
+            action(args, console)
     except RematError as exc:
         print(f"onnx-remat: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("onnx-remat: interrupted; nothing written", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"onnx-remat: stopped by {signal.Signals(exc.signum).name}; nothing written", file=sys.stderr)
+        return 128 + exc.signum
     return 0
 
 

@@ -5,11 +5,15 @@ reads its model from a file, prints one line per progress report on stdout and w
 file. Setting `stop` sends it SIGINT, after which it should write its answer with the best it has; a worker
 that has not exited `grace` seconds later (HiGHS in a root LP, which checks no interrupt for tens of
 seconds) is killed, and the caller falls back to what it streamed. A second Ctrl-C in the parent
-(KeyboardInterrupt) kills the worker at once.
+(KeyboardInterrupt) kills the worker at once. On Linux a worker is also killed by the kernel when its parent
+dies, even by SIGKILL, so no solver outlives the command that started it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +25,24 @@ from onnx_remat.errors import SolverError
 
 GRACE = 1.0
 """Seconds a worker has, after SIGINT, to write its answer and exit before it is killed."""
+
+PR_SET_PDEATHSIG = 1
+"""prctl option: the signal the kernel sends a process when the thread that started it exits."""
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A pre-exec hook asking the kernel to SIGKILL the worker when `parent` dies (Linux only; None elsewhere).
+    libc is loaded here, before the fork, so the hook only makes one system call in the child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def hook() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 def run_worker(
@@ -39,7 +61,9 @@ def run_worker(
     log = answer.with_suffix(".log")
     command = [sys.executable, str(worker), *arguments]
     killed = threading.Event()
-    with log.open("w") as errors, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True) as child:
+    with log.open("w") as errors, subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=errors, text=True, preexec_fn=_die_with_parent(os.getpid())
+    ) as child:
         threading.Thread(target=_stop_when, args=(stop, child, grace, killed), daemon=True).start()
         try:
             for line in child.stdout:

@@ -45,6 +45,8 @@ def parse_budget(text: str) -> Budget:
     """Parse `512MiB`, `1.5GB`, `1073741824`, `25%` or `min`."""
     if text.strip().lower() == "min":
         return Budget(minimum=True)
+    if text.strip().startswith("-"):
+        raise UsageError(f"budget {text!r} is negative: give a size above zero (512MiB, 25%) or min")
     match = _PATTERN.match(text)
     if not match:
         raise UsageError(

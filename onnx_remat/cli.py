@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from onnx_remat.arguments import seconds
+from onnx_remat.arguments import check_not_mistyped_command, join_negative_values, seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, UsageError
@@ -55,7 +55,9 @@ EXIT_CODES = """exit codes:
   4  budget below the minimum feasible budget (the message states the minimum)
   5  output cannot be written (exists without --force, same as input, missing directory)
   6  the solver found no schedule in the time limit
-  130 interrupted"""
+  7  a schedule failed the simulator (a bug: please report it)
+  8  onnx-remat run measured a device over its budget
+  130 interrupted (Ctrl-C); 143 and 129 stopped by SIGTERM and SIGHUP"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,11 +281,16 @@ def _terminated_on_signals() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = join_negative_values(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         module = command_module(argv[0])
         args, action = module.build_parser().parse_args(argv[1:]), module.run
     else:
+        try:
+            check_not_mistyped_command(argv[0] if argv else "-", COMMANDS)
+        except UsageError as exc:
+            print(f"onnx-remat: error: {exc}", file=sys.stderr)
+            return exc.exit_code
         args, action = build_parser().parse_args(argv), run
     console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:

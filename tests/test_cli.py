@@ -98,6 +98,8 @@ def test_symbolic_model_runs_with_input_shape(capsys, tmp_path):
         (["--budget", "50%", "--solver", "gurobi"], 2, "unknown solver 'gurobi'"),
         (["--budget", "50%", "--input-shape", "input=1xAx3"], 2, "cannot read --input-shape"),
         (["--budget", "1KiB"], 4, r"minimum feasible budget .* \(\d+ bytes"),
+        (["--budget", "-5%"], 2, "budget '-5%' is negative"),
+        (["--budget=-5%"], 2, "budget '-5%' is negative"),
     ],
 )
 def test_bad_arguments(capsys, chain_path, tmp_path, extra, code, pattern):
@@ -105,6 +107,14 @@ def test_bad_arguments(capsys, chain_path, tmp_path, extra, code, pattern):
     got, err = run_cli(capsys, chain_path, out, *extra)
     assert got == code
     assert re.search(pattern, err), err
+    assert not out.exists()
+
+
+def test_a_mistyped_command_is_named_and_never_taken_for_the_input(capsys, chain_path, tmp_path):
+    out = tmp_path / "out.onnx"
+    code, err = run_cli(capsys, "swep", chain_path, out, "--budget", "50%")
+    assert code == 2
+    assert err.strip() == "onnx-remat: error: no command or file 'swep': did you mean `onnx-remat sweep ...`?"
     assert not out.exists()
 
 

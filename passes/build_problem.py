@@ -14,6 +14,7 @@ import onnx
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.reads import reads
 from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
@@ -61,7 +62,7 @@ def build_problem(
         [o for node in nodes for o in node.output if o and (o in graph_outputs or consumers.get(o, {g}) - {g})]
         for g, nodes in enumerate(ops)
     ]
-    edges = sorted({(producer[i], g) for g, nodes in enumerate(ops) for n in nodes for i in n.input
+    edges = sorted({(producer[i], g) for g, nodes in enumerate(ops) for n in nodes for i in reads(n)
                     if i in producer and producer[i] != g})
     inputs = {i.name for i in graph.input}
     held = {i.name for i in graph.initializer} | inputs | {o for name in prelude for o in by_name[name].output}
@@ -105,7 +106,7 @@ def _consumers(ops: list[list[onnx.NodeProto]]) -> dict[str, set[int]]:
     consumers: dict[str, set[int]] = {}
     for g, nodes in enumerate(ops):
         for node in nodes:
-            for name in node.input:
+            for name in reads(node):
                 consumers.setdefault(name, set()).add(g)
     return consumers
 
@@ -123,7 +124,7 @@ def _group_workspace(
     owner = shared_buffers(nodes, graph_outputs)
     last_use: dict[str, int] = {}
     for k, node in enumerate(nodes):
-        for name in node.input:
+        for name in reads(node):
             last_use[owner.get(name, name)] = k
     output_buffers = {owner.get(name, name) for name in exported}
     live: dict[str, int] = {}

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from onnx_remat.passes.reads import reads, rename_outer_reads
+
 
 def training_groups(model: onnx.ModelProto, backward_groups: Mapping[str, Sequence[str]]) -> list[tuple[str, ...]]:
     """Operators for `model`: forward nodes alone, gradient nodes grouped by the forward node they
@@ -28,7 +30,7 @@ def _check_topological(model: onnx.ModelProto, groups: list[tuple[str, ...]]) ->
     index = {name: g for g, names in enumerate(groups) for name in names}
     producer = {out: index[node.name] for node in model.graph.node if node.name in index for out in node.output}
     for node in model.graph.node:
-        for name in node.input:
+        for name in reads(node):
             if name in producer and node.name in index and producer[name] > index[node.name]:
                 raise AssertionError(f"node {node.name} reads {name} from a later group: the grouping is not acyclic")
 
@@ -53,7 +55,7 @@ def separate_graph_outputs(
     group_of = {name: g for g, names in enumerate(groups) for name in names}
     readers: dict[str, set[int]] = {}
     for node in model.graph.node:
-        for name in node.input:
+        for name in reads(node):
             readers.setdefault(name, set()).add(group_of[node.name])
     by_name = {node.name: node for node in model.graph.node}
     new_groups, new_roles, order = [], [], []
@@ -82,4 +84,5 @@ def _rename_output(by_name: dict[str, onnx.NodeProto], names: tuple[str, ...], o
         node = by_name[name]
         node.output[:] = [value if o == output else o for o in node.output]
         node.input[:] = [value if i == output else i for i in node.input]
+        rename_outer_reads(node, lambda i: value if i == output else i)
     return onnx.helper.make_node("Identity", [value], [output], name=f"{output}__out")

@@ -29,6 +29,7 @@ from __future__ import annotations
 from onnx import DeviceConfigurationProto, ModelProto, NodeProto, StringStringEntryProto, defs, helper
 
 from onnx_remat.opmap import OpMap
+from onnx_remat.passes.reads import reads, rename_outer_reads
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 # Node metadata_props need IR >= 10, device configurations IR >= 11. onnxruntime 1.31 reads at most IR 13
@@ -114,7 +115,7 @@ def _handed_over(model: ModelProto, opmap: OpMap) -> list[list[tuple[str, str]]]
     nodes = {node.name: node for node in model.graph.node}
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
-        for name in node.input:
+        for name in reads(node):
             readers.setdefault(name, set()).add(node.name)
     graph_outputs = {output.name for output in model.graph.output}
     handed = []
@@ -151,6 +152,7 @@ class _Emitter:
         node.CopyFrom(original)
         node.name = original.name + suffix
         node.input[:] = [self._instance(name, device, node.name) for name in original.input]
+        rename_outer_reads(node, lambda name: self._instance(name, device, node.name))
         if instance and _trains(original):
             self._fresh_statistics(node, suffix, device, step)
         node.output[:] = [name + suffix if name else "" for name in original.output]
@@ -211,10 +213,11 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
     renames = _graph_output_renames(model, emitter.last)
     for node in emitter.nodes:
         node.input[:] = [renames.get(name, name) for name in node.input]
+        rename_outer_reads(node, lambda name: renames.get(name, name))
         node.output[:] = [renames.get(name, name) for name in node.output]
     graph_outputs = {o.name for o in model.graph.output}
     origin = {renames.get(name, name): base for name, base in emitter.origin.items()}
-    needed = {name for node in model.graph.node for name in node.input} | graph_outputs
+    needed = {name for node in model.graph.node for name in reads(node)} | graph_outputs
     nodes = _without_dead_instances(emitter.nodes, graph_outputs, origin, needed)
     _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model), origin, needed)
     out = ModelProto()
@@ -240,7 +243,7 @@ def _without_dead_instances(
     freed when the schedule frees them) does not count. An instance nobody reads at all is the schedule's
     choice and stays."""
     while True:
-        read = {name for node in nodes for name in node.input} | graph_outputs
+        read = {name for node in nodes for name in reads(node)} | graph_outputs
         dead = [_dead(node, read, origin, needed) for node in nodes]
         serving = {_meta(node, "step") for node, d in zip(nodes, dead, strict=True)
                    if not d and _meta(node, "role") != "copy"}
@@ -300,7 +303,7 @@ def _drop_unread_optional_outputs(
     read by its gradient from a recomputation): onnxruntime holds an unread output until the run ends, which
     would undo the remat. A training-mode BatchNormalization keeps its running statistics (two channel-sized
     vectors): onnxruntime 1.32 requires all three outputs then, and a run with them blank crashes (SIGSEGV)."""
-    read = {name for node in nodes for name in node.input} | graph_outputs
+    read = {name for node in nodes for name in reads(node)} | graph_outputs
     for node in nodes:
         unread = [name for name in node.output if name and name not in read]
         if not unread or not defs.has(node.op_type, node.domain) or _trains(node):

@@ -29,7 +29,18 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelError(f"{name} fails the ONNX checker: {first_line(exc)}") from None
     _refuse_unrunnable_opset(model, name)
+    _refuse_negative_dimensions(model, name)
     return model
+
+
+def _refuse_negative_dimensions(model: onnx.ModelProto, name: str) -> None:
+    """ModelError for a declared dimension below zero (the checker lets it through; sizes would come out negative)."""
+    graph = model.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim if d.HasField("dim_value")]
+        if any(size < 0 for size in dims):
+            raise ModelError(f"{name} declares tensor {value.name!r} with a negative dimension {dims}: "
+                             "fix the model's shapes")
 
 
 def _refuse_unrunnable_opset(model: onnx.ModelProto, name: str) -> None:
@@ -73,6 +84,7 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
         dims = value.type.tensor_type.shape.dim
         if name in shapes:
             _set_shape(value, shapes[name])
+            _refuse_empty(value, "--input-shape gives")
             continue
         symbolic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
         if symbolic:
@@ -81,6 +93,16 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
                 f"input {name!r} has symbolic dimensions ({', '.join(symbolic)}): "
                 f"fix them with --input-shape {name}={example}"
             )
+        _refuse_empty(value, "the model gives")
+
+
+def _refuse_empty(value: onnx.ValueInfoProto, who: str) -> None:
+    """ModelError for an input with a zero-sized dimension: every tensor downstream may be empty, nothing to plan."""
+    dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+    if 0 in dims:
+        shape = "x".join(map(str, dims))
+        raise ModelError(f"{who} input {value.name!r} an empty shape {shape}: give every dimension a size above zero "
+                         f"with --input-shape {value.name}=...")
 
 
 def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:

@@ -61,8 +61,15 @@ def _bad_files(tmp_path):
     invalid.write_bytes(broken.SerializeToString())
     symbolic = tmp_path / "symbolic.onnx"
     onnx.save(conv_chain(batch="N"), symbolic)
-    return {"missing": tmp_path / "missing.onnx", "text": text, "truncated": truncated,
-            "invalid": invalid, "symbolic": symbolic}
+    files = {"missing": tmp_path / "missing.onnx", "text": text, "truncated": truncated,
+             "invalid": invalid, "symbolic": symbolic}
+    for case, batch in (("negative", -2), ("empty", 0)):
+        files[case] = tmp_path / f"{case}.onnx"
+        model = conv_chain()
+        for value in (model.graph.input[0], model.graph.output[0]):
+            value.type.tensor_type.shape.dim[0].dim_value = batch
+        onnx.save(model, files[case])
+    return files
 
 
 @pytest.mark.parametrize(
@@ -73,6 +80,8 @@ def _bad_files(tmp_path):
         ("truncated", "not a readable ONNX model|fails the ONNX checker|no nodes"),
         ("invalid", "fails the ONNX checker"),
         ("symbolic", "--input-shape input=1x8x16x16"),
+        ("negative", r"tensor 'input' with a negative dimension \[-2, 8, 16, 16\]"),
+        ("empty", "input 'input' an empty shape 0x8x16x16"),
     ],
 )
 def test_bad_models_exit_3_without_output(capsys, tmp_path, case, pattern):

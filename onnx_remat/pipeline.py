@@ -204,13 +204,14 @@ def remat(
 
 
 def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:
-    """`problem` with `headroom` (a fraction) taken off every budget; refused if a device then falls below its
-    minimum."""
+    """`problem` with `headroom` (a fraction) taken off every budget; refused if the headroom takes a device from
+    at least its best known minimum to below it. A budget already below that minimum but above the proven lower bound
+    was let through by `with_budgets` for the solver to try, and stays so."""
     if not 0 <= headroom < 1:
         raise UsageError(f"headroom must be a fraction in [0, 1), not {headroom}")
     budgets = tuple(budget - int(headroom * budget) for budget in problem.budgets)
     for device, (budget, minimum) in enumerate(zip(budgets, minima, strict=True)):
-        if minimum is not None and budget < minimum:
+        if minimum is not None and budget < minimum <= problem.budgets[device]:
             raise InfeasibleBudgetError(
                 f"device {problem.devices[device]}: its budget less {100 * headroom:g}% headroom, "
                 f"{format_bytes(budget)}, is below its minimum {format_bytes(minimum)}: lower the headroom or raise "

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
+from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.pipeline import costed_problem, prepare, with_headroom
 
 
 @pytest.mark.parametrize("position", [1.0, 0.5, 0.0])
@@ -96,3 +100,16 @@ def test_summary_counts_the_recomputed_nodes_a_user_sees():
     extra = sum(r.extra_computations for r in result.report.recomputations)
     assert result.report.recomputed_nodes == nodes >= extra > 0
     assert f"recompute    {nodes} nodes: {extra} extra computations" in result.report.summary()
+
+
+def test_headroom_refuses_only_the_budgets_it_takes_below_their_minimum():
+    """A budget under the best known minimum but above the proven bound is the solver's to try: no headroom (or any
+    headroom) lets it through; a headroom that takes a budget from its minimum to below it is refused by name."""
+    graph = prepare(conv_chain(depth=2), "infer")
+    problem = costed_problem(graph, get_devices(None))[0].problem
+    problem = replace(problem, budgets=(1000,))
+    assert with_headroom(problem, 0.0, (1200,)).budgets == (1000,)
+    assert with_headroom(problem, 0.1, (1200,)).budgets == (900,)
+    assert with_headroom(problem, 0.1, (800,)).budgets == (900,)
+    with pytest.raises(InfeasibleBudgetError, match="budget less 20% headroom, 800 B, is below its minimum 900 B"):
+        with_headroom(problem, 0.2, (900,))

@@ -125,7 +125,10 @@ def _device(table: Any, where: str) -> Device:
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise UsageError(f"{where} ({name}): threads must be a positive integer, not {threads!r}")
     if budget is not None:
-        parse_budget(str(budget))
+        try:
+            parse_budget(str(budget))
+        except UsageError as exc:
+            raise UsageError(f"{where} ({name}): {exc}") from None
     return Device(name, runtime, str(provider), threads, None if budget is None else str(budget))
 
 

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.progress import Progress as RichProgress
 from onnx_remat.arguments import check_not_mistyped_command, join_negative_values, seconds
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
-from onnx_remat.errors import RematError, UsageError
+from onnx_remat.errors import RematError, RematWarning, UsageError
 from onnx_remat.files import check_outputs, write_together
 from onnx_remat.model_files import data_file, has_external_data, model_files
 from onnx_remat.netron import attachment_bytes, default_path
@@ -269,6 +270,22 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 @contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Print the tool's own warnings as `onnx-remat: warning: ...` lines (others as Python prints them)."""
+    with warnings.catch_warnings():
+        python_style = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+            if issubclass(category, RematWarning):
+                print(f"onnx-remat: warning: {message}", file=sys.stderr)
+            else:
+                python_style(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+@contextmanager
 def _terminated_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into `Terminated` while a command runs (main thread only, as signals require)."""
     names = [signal.SIGTERM, signal.SIGHUP] if hasattr(signal, "SIGHUP") else [signal.SIGTERM]
@@ -294,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         args, action = build_parser().parse_args(argv), run
     console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:
-        with _terminated_on_signals():
+        with _terminated_on_signals(), _one_line_warnings():
             action(args, console)
     except RematError as exc:
         print(f"onnx-remat: error: {exc}", file=sys.stderr)

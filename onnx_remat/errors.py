@@ -62,3 +62,8 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's text (its type if empty): library errors quoted in one-line messages."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class RematWarning(UserWarning):
+    """Something went wrong that the tool worked around (a bad cache entry measured again); the CLI prints it as one
+    line on stderr."""

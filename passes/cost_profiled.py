@@ -23,18 +23,23 @@ Plugging the numbers into the solver: build the Problem as usual, with the devic
     problem = profile_costs(model, graph.opmap.node_names, devices).apply(graph.problem)
 
 Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
-(not its weights), the groups, the devices and the runtime versions, so a second run is instant.
+(not its weights), the groups, the devices and the runtime versions, so a second run is instant. An entry that
+cannot be read or does not fit (truncated, edited, negative or non-finite times) is measured again and rewritten,
+with a RematWarning; a cache that cannot be written is a warning too, never a failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +52,7 @@ import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
+from onnx_remat.errors import RematWarning, first_line
 from onnx_remat.passes.build_problem import _constant_tensors
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.runtimes import Runtime, runtime_for
@@ -136,14 +142,55 @@ def profile_costs(
     devices = tuple(devices)
     key = cache_key(model, groups, devices, repeats, method)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
-    if path.is_file():
-        return ProfiledCosts.from_json(json.loads(path.read_text()), from_cache=True)
+    cached = _read_cache(path, devices, len(groups))
+    if cached is not None:
+        return cached
     costs = _measure(model, groups, devices, repeats, progress or _no_progress, method)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(costs.to_json(), indent=1))
-    os.replace(temporary, path)
+    _write_cache(path, costs)
     return costs
+
+
+def _read_cache(path: Path, devices: tuple[Device, ...], operators: int) -> ProfiledCosts | None:
+    """The costs cached at `path`; None when there are none, or (with a warning) when they cannot be used."""
+    if not path.exists():
+        return None
+    try:
+        costs = ProfiledCosts.from_json(json.loads(path.read_text()), from_cache=True)
+        _check_fits(costs, tuple(d.name for d in devices), operators)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"cost cache entry {path} is unusable ({first_line(exc)}): measuring again", RematWarning,
+                      stacklevel=3)
+        return None
+    return costs
+
+
+def _check_fits(costs: ProfiledCosts, devices: tuple[str, ...], operators: int) -> None:
+    """ValueError unless `costs` covers these devices and operators with finite, non-negative times."""
+    if costs.devices != devices or set(costs.cost) != set(devices) or set(costs.call_overhead_seconds) != set(devices):
+        raise ValueError(f"it is for devices {costs.devices}, not {devices}")
+    if any(len(values) != operators for values in costs.cost.values()):
+        raise ValueError(f"it does not hold {operators} operators per device")
+    matrices = (costs.copy_seconds_per_byte, costs.copy_fixed_seconds)
+    if any(len(matrix) != len(devices) or any(len(row) != len(devices) for row in matrix) for matrix in matrices):
+        raise ValueError("its copy costs are not one per pair of devices")
+    times = [*(t for values in costs.cost.values() for t in values), *costs.call_overhead_seconds.values(),
+             *(t for matrix in matrices for row in matrix for t in row)]
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
+        raise ValueError("it holds a time that is not a finite number of seconds at least 0")
+
+
+def _write_cache(path: Path, costs: ProfiledCosts) -> None:
+    """Write `costs` to `path` atomically; a failure (read-only or full disk) is a warning: the costs serve anyway."""
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(costs.to_json(), indent=1))
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        warnings.warn(f"cannot write the cost cache {path} ({exc.strerror or exc}): costs not cached", RematWarning,
+                      stacklevel=3)
 
 
 def default_cache_dir() -> Path:

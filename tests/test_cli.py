@@ -301,3 +301,17 @@ def test_weights_kept_in_an_external_file_stay_external_in_the_output(capsys, tm
     (tmp_path / "model.onnx.data").unlink()
     code, err = run_cli(capsys, source, tmp_path / "again.onnx", "--budget", "100%")
     assert code == 3 and "keep the data file beside the model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_cost_cache_entry_is_one_warning_line_and_the_run_succeeds(capsys, chain_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = [chain_path, tmp_path / "out.onnx", "--budget", "60%", "--cost-model", "profiled", "--force"]
+    assert run_cli(capsys, *args)[0] == 0
+    (entry,) = (tmp_path / "cache").rglob("costs-*.json")
+    entry.write_text("{")
+    code, err = run_cli(capsys, *args)
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert warning == [f"onnx-remat: warning: cost cache entry {entry} is unusable "
+                       "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): measuring again"]
+    assert json.loads(entry.read_text())["devices"] == ["cpu"]

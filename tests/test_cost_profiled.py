@@ -1,7 +1,12 @@
 """Measured costs on the two CPU engines, each operator alone or inside whole-model runs: positive, ordered by
 work, cached, with copy costs."""
 
+import dataclasses
+import json
 import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -9,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.devices import preset
+from onnx_remat.errors import RematWarning
 from onnx_remat.models import build
 from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.build_problem import build_problem
@@ -180,3 +186,52 @@ def test_owner_finds_the_longest_known_prefix():
     assert cost_profiled._owner("conv.out_acdb_abcd/sink_port_0", owner) == 1
     assert cost_profiled._owner("grad.w_abcd", owner) == 2
     assert cost_profiled._owner("convolution", owner) is None
+
+
+def _corrupt(text: Callable[[str], str]) -> Callable[[Path], None]:
+    return lambda path: path.write_text(text(path.read_text()))
+
+
+def _edited(field: str, change: Callable[[Any], Any]) -> Callable[[Path], None]:
+    return _corrupt(lambda text: json.dumps({**json.loads(text), field: change(json.loads(text)[field])}))
+
+
+CACHE_FAULTS = {
+    "truncated": _corrupt(lambda text: text[: len(text) // 2]),
+    "garbage": _corrupt(lambda text: "\x00\x01 not json"),
+    "empty object": _corrupt(lambda text: "{}"),
+    "a list": _corrupt(lambda text: "[1, 2]"),
+    "one operator short": _edited("cost", lambda cost: {k: v[:-1] for k, v in cost.items()}),
+    "NaN time": _edited("cost", lambda cost: {k: [math.nan, *v[1:]] for k, v in cost.items()}),
+    "negative time": _edited("call_overhead_seconds", lambda overhead: dict.fromkeys(overhead, -1.0)),
+    "text for a time": _edited("cost", lambda cost: {k: ["fast", *v[1:]] for k, v in cost.items()}),
+    "a folder": lambda path: (path.unlink(), path.mkdir()),
+}
+
+
+@pytest.mark.parametrize("fault", list(CACHE_FAULTS))
+def test_a_bad_cache_entry_is_measured_again_and_rewritten(model, devices, tmp_path, monkeypatch, fault):
+    """Every fault of a cached entry: one warning, the costs measured again (real runs), the entry rewritten so the
+    next call is served from it."""
+    groups, one = GROUPS[:2], devices[:1]
+    first = profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("costs-*.json")
+    CACHE_FAULTS[fault](entry)
+    with pytest.warns(RematWarning, match=f"cost cache entry {entry} is unusable .*: measuring again"):
+        again = profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path)
+    assert not again.from_cache and len(again.cost[one[0].name]) == len(groups)
+    if fault == "a folder":
+        return
+    assert ProfiledCosts.from_json(json.loads(entry.read_text())) == dataclasses.replace(again, from_cache=False)
+    monkeypatch.setattr(cost_profiled, "_measure", lambda *args: pytest.fail("the rewritten entry should answer"))
+    assert profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path).from_cache
+    assert first.devices == again.devices
+
+
+def test_an_unwritable_cache_is_a_warning(model, devices, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(RematWarning, match="cannot write the cost cache .*: costs not cached"):
+        costs = profile_costs(model, GROUPS[:2], devices[:1], repeats=1, cache_dir=blocker / "cache")
+    assert not costs.from_cache
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

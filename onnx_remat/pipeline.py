@@ -176,14 +176,14 @@ def remat(
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
     proof_seconds = min(MINIMUM_SECONDS, time_limit or MINIMUM_SECONDS)
-    problem, minima = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
+    problem, minima, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
     if emit_problem:
         write_problem(problem, emit_problem)
     if emit_mps:
         write_mps(problem, emit_mps)
     try:
         result = solve(with_headroom(problem, headroom, minima), solver=solver, time_limit=time_limit,
-                       progress=progress)
+                       progress=progress, hints=reached)
     except SolverError as exc:
         if None in minima:  # not searched: say what the budget is short of
             raise _short_budget(problem, exc, proof_seconds) from None
@@ -276,9 +276,10 @@ def costed_problem(
 
 
 def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: bool = True,
-                 time_limit: float = MINIMUM_SECONDS) -> tuple[Problem, tuple[int | None, ...]]:
+                 time_limit: float = MINIMUM_SECONDS) -> tuple[Problem, tuple[int | None, ...], tuple[Schedule, ...]]:
     """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
-    also return each device's minimum feasible budget (with the other devices at their budgets).
+    also return each device's minimum feasible budget (with the other devices at their budgets) and the schedules
+    that reached those minima (for the solver to start from).
 
     Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all. With one
     device, an explicit budget and not `find_minimum`, the minimum is searched only if the budget is below a quick
@@ -289,8 +290,8 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
     _refuse_below_resident(problem, requested)
     if not find_minimum and problem.num_devices == 1 and not wanted[0].minimum and \
             requested[0] >= quick_lower_bound(problem):
-        return replace(problem, budgets=tuple(requested)), (None,)
-    minima = []
+        return replace(problem, budgets=tuple(requested)), (None,), ()
+    minima, reached = [], []
     for d in range(problem.num_devices):
         problem = replace(problem, budgets=tuple(requested))
         minimum = minimum_budget(problem, d, time_limit)
@@ -299,7 +300,8 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
         elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):
             raise InfeasibleBudgetError(_below_minimum(problem, d, requested[d], minimum.feasible), minimum.feasible)
         minima.append(minimum.feasible)
-    return replace(problem, budgets=tuple(requested)), tuple(minima)
+        reached.extend([] if minimum.schedule is None else [minimum.schedule])
+    return replace(problem, budgets=tuple(requested)), tuple(minima), tuple(reached)
 
 
 def _short_budget(problem: Problem, failure: SolverError, proof_seconds: float) -> RematError:

@@ -95,7 +95,7 @@ def test_headroom_leaves_a_share_of_the_budget_free():
 def test_summary_counts_the_recomputed_nodes_a_user_sees():
     """One operator may be a group of nodes (a training step's layers): the summary counts the graph's `__remat`
     nodes, not the operators' extra computations."""
-    result = onnx_remat.remat(conv_chain(depth=6), "min", mode="train", time_limit=20)
+    result = onnx_remat.remat(conv_chain(depth=4, size=8), "min", mode="train", time_limit=3)
     nodes = sum(1 for n in result.model.graph.node if "__remat" in n.name)
     extra = sum(r.extra_computations for r in result.report.recomputations)
     assert result.report.recomputed_nodes == nodes >= extra > 0
@@ -113,3 +113,11 @@ def test_headroom_refuses_only_the_budgets_it_takes_below_their_minimum():
     assert with_headroom(problem, 0.1, (800,)).budgets == (900,)
     with pytest.raises(InfeasibleBudgetError, match="budget less 20% headroom, 800 B, is below its minimum 900 B"):
         with_headroom(problem, 0.2, (900,))
+
+
+def test_a_budget_at_the_found_minimum_always_has_its_schedule():
+    """The minimum-budget search's schedule starts the solver: with too little time for the MILP to find its own at
+    that budget, the solve still returns one (was 'no schedule found' on a training chain's minimum)."""
+    result = onnx_remat.remat(conv_chain(depth=4, size=8), "min", mode="train", time_limit=0.5)
+    assert result.report.predicted_peak_bytes <= result.report.budget_bytes
+    check_schedule(result.problem, result.schedule)

@@ -151,7 +151,7 @@ def mixed_only_candidates(problem: Problem, alone: list[int]) -> list[list[int]]
     candidates = []
     first = int(0.97 * alone[0])
     try:
-        _, minima = with_budgets(
+        _, minima, _ = with_budgets(
             problem, {problem.devices[0]: Budget(absolute_bytes=first), problem.devices[1]: Budget(minimum=True)}
         )
         if minima[1] < alone[1]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
@@ -112,9 +112,16 @@ class SolveResult:
 
 
 def solve(
-    problem: Problem, solver: str = "highs", time_limit: float | None = None, progress: Progress | None = None
+    problem: Problem,
+    solver: str = "highs",
+    time_limit: float | None = None,
+    progress: Progress | None = None,
+    hints: Sequence[Schedule] = (),
 ) -> SolveResult:
     """The cheapest schedule within every device's budget that `solver` finds within `time_limit` seconds.
+
+    `hints` are schedules found before (the minimum-budget search's): those within the budgets join the baselines
+    as starting points, so a budget set at a found minimum always has its schedule.
 
     With several devices each device is first solved alone (the others unused, a quarter of the time
     limit in all); the best of those warm-starts the multi-device MILP, so the result is never
@@ -126,7 +133,7 @@ def solve(
     start = time.perf_counter()
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
-        incumbent, alone = _incumbent(problem, backend, time_limit, stop)
+        incumbent, alone = _incumbent(problem, backend, time_limit, stop, hints)
         cut_bound = cut_lower_bound(problem, _bound_seconds(time_limit), stop)
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
@@ -234,7 +241,7 @@ def _solve_frontier(
 
 
 def _incumbent(
-    problem: Problem, solver: str, time_limit: float | None, stop: threading.Event
+    problem: Problem, solver: str, time_limit: float | None, stop: threading.Event, hints: Sequence[Schedule] = ()
 ) -> tuple[Schedule | None, tuple[Schedule | None, ...]]:
     """The best schedule found without the multi-device MILP, and with several devices each device's best schedule
     alone (None where none fits; with one device, the first).
@@ -243,7 +250,7 @@ def _incumbent(
     none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
     if problem.num_devices == 1:
         baseline = best_baseline(problem)
-        candidates = (offload(problem, 0), None if baseline is None else baseline[1])
+        candidates = (offload(problem, 0), None if baseline is None else baseline[1], *hints)
         found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
         single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
         return single, (single,)
@@ -258,7 +265,7 @@ def _incumbent(
         singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
     offloaded = [schedule for c, s in pairs if (schedule := offload(problem, c, s)) and _fits(problem, schedule)]
-    found = [schedule for schedule in singles if schedule is not None]
+    found = [schedule for schedule in singles if schedule is not None] + [s for s in hints if _fits(problem, s)]
     best = min([*found, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
     return best, tuple(singles)
 

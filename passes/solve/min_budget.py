@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
@@ -23,10 +23,12 @@ from onnx_remat.schedule import Schedule
 
 @dataclass(frozen=True)
 class MinBudget:
-    """`lower` <= the minimum budget <= `feasible` bytes (a schedule peaks at `feasible`); equal when proven."""
+    """`lower` <= the minimum budget <= `feasible` bytes (a schedule peaks at `feasible`); equal when proven.
+    `schedule` is the one found peaking at `feasible`, where kept: a solver at that budget starts from it."""
 
     lower: int
     feasible: int
+    schedule: Schedule | None = field(default=None, compare=False, repr=False)
 
 
 def step_bytes(problem: Problem, v: int) -> int:
@@ -68,16 +70,16 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     lower = quick_lower_bound(problem, device)
     peak, schedule = min(_candidates(problem, device), key=lambda pair: pair[0])
     if peak == lower:
-        return MinBudget(lower, peak)
+        return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))
     outcome = solve_highs(model.milp, time_limit, model.assignment(schedule), gaps=(0.0, 0.5 / model.memory_unit))
-    if outcome.x is not None:
-        peak = min(peak, _peak(problem, model.schedule(outcome.x), device))
+    if outcome.x is not None and _peak(problem, found := model.schedule(outcome.x), device) < peak:
+        peak, schedule = _peak(problem, found, device), found
     if outcome.status == "optimal":
-        return MinBudget(peak, peak)
+        return MinBudget(peak, peak, schedule)
     if outcome.bound is not None:
         lower = max(lower, math.ceil(outcome.bound * model.memory_unit - 0.5))
-    return MinBudget(min(lower, peak), peak)
+    return MinBudget(min(lower, peak), peak, schedule)
 
 
 def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:

@@ -74,15 +74,19 @@ def skip_path(tmp_path):
     return path
 
 
+PROOF_SECONDS = 600.0
+"""Time for minima the tests rely on being proven: seconds on a quiet machine, far more than a loaded one needs."""
+
+
 def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:
     """`problem` (two devices) with budgets below what each device needs alone: the first at 98% of its
     single-device minimum, the second halfway between its minimum then and its single-device minimum; and those
     single-device minima."""
-    alone = [minimum_budget(on_device(problem, d)).feasible for d in range(2)]
+    alone = [minimum_budget(on_device(problem, d), time_limit=PROOF_SECONDS).feasible for d in range(2)]
     names = problem.devices
     first = Budget(absolute_bytes=int(0.98 * alone[0]))
-    _, minima = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)})
+    _, minima, _ = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)}, time_limit=PROOF_SECONDS)
     assert minima[1] < alone[1]
     second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
-    mixed, _ = with_budgets(problem, {names[0]: first, names[1]: second})
+    mixed, _, _ = with_budgets(problem, {names[0]: first, names[1]: second}, time_limit=PROOF_SECONDS)
     return mixed, alone

@@ -20,6 +20,9 @@ from onnx_remat.problem import Problem
 
 QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+LONG = 600.0
+"""A time limit no test reaches: the problems it bounds are proven in seconds even on a loaded machine."""
+
 
 def half_budget(graph: Problem) -> Problem:
     return with_budget(graph, simulate(graph, keep_all(graph)).peak_bytes[0] // 2)
@@ -52,7 +55,8 @@ def test_cpsat_matches_highs_on_two_devices(p: Problem):
 @pytest.mark.parametrize("graph", [training_chain(8), unet(5)], ids=["chain16", "unet16"])
 def test_cpsat_optimum_equals_highs_at_half_budget(graph: Problem):
     problem = half_budget(graph)
-    cpsat, highs = solve(problem, "cpsat", time_limit=30), solve(problem, "highs", time_limit=30)
+    # Proven in seconds on a quiet machine; the limit is far beyond that so a loaded one cannot fail the test.
+    cpsat, highs = solve(problem, "cpsat", time_limit=LONG), solve(problem, "highs", time_limit=LONG)
     assert cpsat.status == highs.status == "optimal"
     assert cpsat.model_objective == pytest.approx(highs.model_objective)
     assert cpsat.schedule.recompute_count() > 0
@@ -72,8 +76,14 @@ def test_stop_returns_the_best_solution_so_far_and_progress_is_reported():
     problem = half_budget(unet(12))
     model = build_model(problem)
     stop, reports = threading.Event(), []
-    threading.Timer(3.0, stop.set).start()
+
+    def report_then_stop(*report: object) -> None:
+        """Stop at the first report that has a bound: the search is running, however busy the machine."""
+        reports.append(report)
+        if report[2] is not None:
+            stop.set()
+
     warm = model.assignment(best_baseline(problem)[1])
-    outcome = solve_cpsat(model.milp, 60, warm, lambda *report: reports.append(report), stop=stop)
+    outcome = solve_cpsat(model.milp, LONG, warm, report_then_stop, stop=stop)
     assert outcome.status == "interrupted" and outcome.x is not None
     assert reports and reports[-1][2] is not None

@@ -8,7 +8,7 @@ import highspy
 import numpy as np
 import onnx
 import pytest
-from conftest import conv_chain, mixed_only_budgets, skip_net
+from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net
 
 import onnx_remat
 from onnx_remat.cli import main
@@ -130,7 +130,7 @@ def test_mixed_budgets_below_each_single_device_minimum(cache):
     prepared = prepare(conv_chain(depth=3), "train")
     problem = costed_problem(prepared, devices, "profiled", cache)[0].problem
     mixed, _ = mixed_only_budgets(problem)
-    result = solve(mixed, time_limit=30)
+    result = solve(mixed, time_limit=PROOF_SECONDS)
     simulation = check_schedule(mixed, result.schedule)
     assert all(peak <= budget for peak, budget in zip(simulation.peak_bytes, mixed.budgets, strict=True))
     assert {event.device for event in result.schedule.events if isinstance(event, Compute)} == {0, 1}

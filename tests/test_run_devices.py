@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import conv_chain, mixed_only_budgets, skip_net
+from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net
 
 import onnx_remat
 from onnx_remat.cli import main
@@ -147,7 +147,7 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     graph, _ = costed_problem(prepared, devices, "analytic")
     mixed, alone = mixed_only_budgets(graph.problem)
     assert all(budget < need for budget, need in zip(mixed.budgets, alone, strict=True))
-    schedule = solve(mixed, time_limit=30).schedule
+    schedule = solve(mixed, time_limit=PROOF_SECONDS).schedule
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
     rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)

@@ -4,32 +4,41 @@
     result = onnx_remat.remat("model.onnx", budget="25%")
     result.save("model.remat.onnx")
     print(result.report.summary())
+
+The names below load on first use: importing the package loads no runtime or solver.
 """
 
-from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.errors import (
-    InfeasibleBudgetError,
-    ModelError,
-    OutputError,
-    RematError,
-    SolverError,
-    UsageError,
-)
-from onnx_remat.execution import run_on_devices
-from onnx_remat.passes.run_devices import DeviceRun
-from onnx_remat.pipeline import RematResult, remat
+from __future__ import annotations
 
-__all__ = [
-    "Budget",
-    "DeviceRun",
-    "InfeasibleBudgetError",
-    "ModelError",
-    "OutputError",
-    "RematError",
-    "RematResult",
-    "SolverError",
-    "UsageError",
-    "parse_budget",
-    "remat",
-    "run_on_devices",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Budget": "onnx_remat.budget",
+    "parse_budget": "onnx_remat.budget",
+    "InfeasibleBudgetError": "onnx_remat.errors",
+    "ModelError": "onnx_remat.errors",
+    "OutputError": "onnx_remat.errors",
+    "RematError": "onnx_remat.errors",
+    "SolverError": "onnx_remat.errors",
+    "UsageError": "onnx_remat.errors",
+    "run_on_devices": "onnx_remat.execution",
+    "DeviceRun": "onnx_remat.passes.run_devices",
+    "RematResult": "onnx_remat.pipeline",
+    "remat": "onnx_remat.pipeline",
+}
+"""Public name -> the module that defines it."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'onnx_remat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from onnx_remat.pipeline import (
     remat,
 )
 from onnx_remat.plot import render_schedule
+from onnx_remat.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
 
 COMMANDS: dict[str, str] = {
     "sweep": "sweep",
@@ -256,19 +256,6 @@ def _live_progress(
         yield on_profile, on_solve
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread so the command unwinds as at Ctrl-C: temporary files and
-    directories are removed and solver workers killed on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated(signum)
-
-
 @contextmanager
 def _one_line_warnings() -> Iterator[None]:
     """Print the tool's own warnings as `onnx-remat: warning: ...` lines (others as Python prints them)."""
@@ -285,18 +272,6 @@ def _one_line_warnings() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def _terminated_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `Terminated` while a command runs (main thread only, as signals require)."""
-    names = [signal.SIGTERM, signal.SIGHUP] if hasattr(signal, "SIGHUP") else [signal.SIGTERM]
-    previous = {signum: signal.signal(signum, _raise_terminated) for signum in names}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = join_negative_values(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
@@ -311,17 +286,17 @@ def main(argv: list[str] | None = None) -> int:
         args, action = build_parser().parse_args(argv), run
     console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:
-        with _terminated_on_signals(), _one_line_warnings():
+        with terminated_on_signals(), _one_line_warnings():
             action(args, console)
     except RematError as exc:
         print(f"onnx-remat: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("onnx-remat: interrupted; nothing written", file=sys.stderr)
-        return 130
-    except Terminated as exc:
-        print(f"onnx-remat: stopped by {signal.Signals(exc.signum).name}; nothing written", file=sys.stderr)
-        return 128 + exc.signum
+        print(INTERRUPTED_MESSAGE, file=sys.stderr)
+        return INTERRUPTED_CODE
+    except Terminated as stop:
+        print(stop.message, file=sys.stderr)
+        return stop.exit_code
     return 0
 
 

@@ -228,10 +228,12 @@ def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     return module.eval(), ARCHITECTURES[name].inputs()
 
 
-def export(name: str, exporter: str, path: Path, seed: int = 0) -> Path:
+def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | None = None) -> Path:
     """Export the architecture to `path` with BatchNorm kept as a node (the dynamo exporter may write
-    `path.data` beside it for the weights)."""
+    `path.data` beside it for the weights); `batch` repeats the example inputs to that many rows."""
     module, inputs = make(name, seed)
+    if batch is not None:
+        inputs = tuple(t.repeat(-(-batch // len(t)), *[1] * (t.dim() - 1))[:batch] for t in inputs)
     names = ["ids", "padding"] if name == "bert" else ["input"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

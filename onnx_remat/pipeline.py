@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,7 +46,9 @@ COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
 DEFAULT_TIME_LIMIT = 60.0
 MINIMUM_SECONDS = 10.0
-"""The most the proof of a device's minimum budget may take (less when the time limit is shorter)."""
+"""The most the search of the devices' minimum budgets may take (half the time limit when that is shorter)."""
+LAST_SECONDS = 0.1
+"""The least time a solve is given, however much of the limit preparing took: enough to return its start."""
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""
 
@@ -169,21 +172,22 @@ def remat(
     `find_minimum`: search each device's minimum budget for the report even when the budget does not need it
     (with one device and an explicit budget the search is otherwise skipped, and the report's minimum is None).
     """
+    started = time.perf_counter()
     devices = get_devices(devices)
     budgets = device_budgets(devices, budget)
     cost_model = cost_model or ("profiled" if len(devices) > 1 else "analytic")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
-    proof_seconds = min(MINIMUM_SECONDS, time_limit or MINIMUM_SECONDS)
+    proof_seconds = min(MINIMUM_SECONDS, time_limit / 2 if time_limit else MINIMUM_SECONDS)
     problem, minima, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
     if emit_problem:
         write_problem(problem, emit_problem)
     if emit_mps:
         write_mps(problem, emit_mps)
     try:
-        result = solve(with_headroom(problem, headroom, minima), solver=solver, time_limit=time_limit,
-                       progress=progress, hints=reached)
+        result = solve(with_headroom(problem, headroom, minima), solver=solver,
+                       time_limit=_time_left(time_limit, started), progress=progress, hints=reached)
     except SolverError as exc:
         if None in minima:  # not searched: say what the budget is short of
             raise _short_budget(problem, exc, proof_seconds) from None
@@ -201,6 +205,14 @@ def remat(
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled,
                        has_external_data(model))
+
+
+def _time_left(time_limit: float | None, started: float) -> float | None:
+    """What is left of `time_limit` since `started` (preparing and the minimum-budget search spent the rest), at
+    least LAST_SECONDS so the solver can return its starting schedule."""
+    if time_limit is None:
+        return None
+    return max(LAST_SECONDS, time_limit - (time.perf_counter() - started))
 
 
 def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:
@@ -294,7 +306,7 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
     minima, reached = [], []
     for d in range(problem.num_devices):
         problem = replace(problem, budgets=tuple(requested))
-        minimum = minimum_budget(problem, d, time_limit)
+        minimum = minimum_budget(problem, d, time_limit / problem.num_devices)
         if wanted[d].minimum:
             requested[d] = minimum.feasible
         elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):

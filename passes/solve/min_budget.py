@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
-from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, MilpOutcome, PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
@@ -64,15 +68,22 @@ def quick_lower_bound(problem: Problem, device: int = 0) -> int:
 
 
 def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) -> MinBudget:
-    """The minimum budget on `device`, proven by HiGHS minimizing the peak unless `time_limit` runs out."""
+    """The minimum budget on `device`, proven by HiGHS minimizing the peak unless `time_limit` runs out.
+
+    The limit bounds the whole search: the heuristics' candidates come first (the baselines and the eviction
+    heuristic always, Chen's segment lengths while time remains), then the MILP gets what is left, if anything."""
+    deadline = time.perf_counter() + time_limit
     if problem.num_ops == 0:
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
-    peak, schedule = min(_candidates(problem, device), key=lambda pair: pair[0])
-    if peak == lower:
+    peak, schedule = min(_candidates(problem, device, deadline), key=lambda pair: pair[0])
+    if peak == lower or time.perf_counter() >= deadline:
         return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))
-    outcome = solve_highs(model.milp, time_limit, model.assignment(schedule), gaps=(0.0, 0.5 / model.memory_unit))
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return MinBudget(lower, peak, schedule)
+    outcome = _bounded_highs(model, left, model.assignment(schedule))
     if outcome.x is not None and _peak(problem, found := model.schedule(outcome.x), device) < peak:
         peak, schedule = _peak(problem, found, device), found
     if outcome.status == "optimal":
@@ -82,20 +93,34 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     return MinBudget(min(lower, peak), peak, schedule)
 
 
-def _candidates(problem: Problem, device: int) -> list[tuple[int, Schedule]]:
-    """(peak on `device`, schedule) of the baselines, of Chen's segments at every length on one device, and of
-    the eviction heuristic at the least budget of `device` it fits, among those that fit every other device's
-    budget."""
-    found = []
+def _bounded_highs(model: CheckmateModel, seconds: float, warm_start: np.ndarray) -> MilpOutcome:
+    """HiGHS minimizing the peak for `seconds` at most: its own limit goes unchecked in a long root LP, so a timer
+    stops it too (its child process is killed a second later), keeping the search within its time."""
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    try:
+        return solve_highs(model.milp, seconds, warm_start, gaps=(0.0, 0.5 / model.memory_unit), stop=stop)
+    finally:
+        timer.cancel()
+
+
+def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[int, Schedule]]:
+    """(peak on `device`, schedule) of the baselines, of the eviction heuristic at the least budget of `device` it
+    fits, and (until `deadline`) of Chen's segments at every length on one device, among those that fit every other
+    device's budget."""
     segmented = (
         placed(schedule, d)
         for d in range(problem.num_devices)
         for schedule in segmentations(on_device(problem, d))
     )
     evicting = _least_evicting(problem, device)
-    for schedule in itertools.chain(
-        (schedule for _, schedule in placed_baselines(problem)), segmented, [] if evicting is None else [evicting]
-    ):
+    always = [schedule for _, schedule in placed_baselines(problem)] + ([] if evicting is None else [evicting])
+    found = []
+    for k, schedule in enumerate(itertools.chain(always, segmented)):
+        if k >= len(always) and found and time.perf_counter() >= deadline:
+            break
         peaks = simulate(problem, schedule).peak_bytes
         if all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device):
             found.append((peaks[device], schedule))

@@ -58,10 +58,11 @@ class OverBudgetError(RematError):
     exit_code = 8
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's text (its type if empty): library errors quoted in one-line messages."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def one_line(exc: BaseException) -> str:
+    """An exception's whole text on one line (its type if empty): library errors quoted in one-line messages keep
+    what follows their first line break, such as the checker's node name."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 class RematWarning(UserWarning):

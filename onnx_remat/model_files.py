@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, set_external_data, uses_external_data
 
-from onnx_remat.errors import ModelError, first_line
+from onnx_remat.errors import ModelError, one_line
 
 PROTOBUF_LIMIT = 2**31 - 1
 """The largest message protobuf serializes: a larger model must keep its weights outside."""
@@ -30,7 +30,7 @@ def read_model(path: Path) -> onnx.ModelProto:
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-        raise ModelError(f"cannot read the weights {path} keeps in an external file ({first_line(exc)}): "
+        raise ModelError(f"cannot read the weights {path} keeps in an external file ({one_line(exc)}): "
                          "keep the data file beside the model, under the name the model gives") from None
     return model
 
@@ -74,7 +74,7 @@ def _parse(path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
-        raise ModelError(f"{path} is not a readable ONNX model ({first_line(exc)}): is the file complete?") from None
+        raise ModelError(f"{path} is not a readable ONNX model ({one_line(exc)}): is the file complete?") from None
 
 
 def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -87,7 +87,7 @@ def _check_data_file(path: Path, tensor: onnx.TensorProto) -> None:
     try:
         info = ExternalDataInfo(tensor)
     except ValueError as exc:
-        raise ModelError(f"{path} describes the weights of {tensor.name!r} wrongly: {first_line(exc)}") from None
+        raise ModelError(f"{path} describes the weights of {tensor.name!r} wrongly: {one_line(exc)}") from None
     target = path.parent / info.location
     where = f"{path}'s weights for {tensor.name!r}"
     if Path(info.location).is_absolute() or not target.resolve().is_relative_to(path.parent.resolve()):

@@ -52,7 +52,7 @@ import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
-from onnx_remat.errors import RematWarning, first_line
+from onnx_remat.errors import RematWarning, one_line
 from onnx_remat.passes.build_problem import _constant_tensors
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.runtimes import Runtime, runtime_for
@@ -158,7 +158,7 @@ def _read_cache(path: Path, devices: tuple[Device, ...], operators: int) -> Prof
         costs = ProfiledCosts.from_json(json.loads(path.read_text()), from_cache=True)
         _check_fits(costs, tuple(d.name for d in devices), operators)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        warnings.warn(f"cost cache entry {path} is unusable ({first_line(exc)}): measuring again", RematWarning,
+        warnings.warn(f"cost cache entry {path} is unusable ({one_line(exc)}): measuring again", RematWarning,
                       stacklevel=3)
         return None
     return costs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from onnx_remat.errors import ModelError, UsageError, first_line
+from onnx_remat.errors import ModelError, UsageError, one_line
 from onnx_remat.model_files import read_model
 
 
@@ -27,7 +27,7 @@ def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model if isinstance(source, onnx.ModelProto) else str(source))
     except (onnx.checker.ValidationError, ValueError) as exc:
-        raise ModelError(f"{name} fails the ONNX checker: {first_line(exc)}") from None
+        raise ModelError(f"{name} fails the ONNX checker: {one_line(exc)}") from None
     _refuse_unrunnable_opset(model, name)
     _refuse_negative_dimensions(model, name)
     return model

@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 from onnxscript.optimizer import fold_constants
 
-from onnx_remat.errors import ModelError, first_line
+from onnx_remat.errors import ModelError, one_line
 
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
 """Ops whose output shapes can depend on input values: a tensor they leave unknown is not given a shape."""
@@ -80,7 +80,7 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
-        raise ModelError(f"shape inference failed: {first_line(exc)}") from None
+        raise ModelError(f"shape inference failed: {one_line(exc)}") from None
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -179,7 +179,7 @@ def _shapes_from_running(model: onnx.ModelProto, unknown: list[str]) -> dict[str
         values = run(probe, random_feeds(probe))[len(model.graph.output):]
     except Exception as exc:  # onnxruntime raises several types, all meaning the model cannot run here
         raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}): running "
-                         f"the model in onnxruntime to find them failed: {first_line(exc)}") from None
+                         f"the model in onnxruntime to find them failed: {one_line(exc)}") from None
     return {name: onnx.helper.make_tensor_value_info(
                 name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
             for name, value in zip(unknown, values, strict=True) if isinstance(value, np.ndarray)}

@@ -141,6 +141,10 @@ def command_module(name: str):
     return importlib.import_module(f"onnx_remat.commands.{COMMANDS[name]}")
 
 
+LARGEST_DIMENSION = 2**62
+"""Dimensions are int64 in ONNX; beyond this one no tensor could exist anyway."""
+
+
 def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
     """Parse repeated NAME=1x3x224x224 options."""
     shapes = {}
@@ -150,8 +154,9 @@ def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             shape = ()
-        if not name or not shape or any(d <= 0 for d in shape):
-            raise UsageError(f"cannot read --input-shape {value!r}: write NAME=1x3x224x224 with positive sizes")
+        if not name or not shape or any(not 0 < d < LARGEST_DIMENSION for d in shape):
+            raise UsageError(f"cannot read --input-shape {value!r}: write NAME=1x3x224x224 with positive sizes "
+                             f"below {LARGEST_DIMENSION}")
         shapes[name] = shape
     return shapes
 

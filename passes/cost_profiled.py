@@ -52,7 +52,7 @@ import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
-from onnx_remat.errors import RematWarning, one_line
+from onnx_remat.errors import ModelError, RematWarning, one_line
 from onnx_remat.passes.build_problem import _constant_tensors
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.runtimes import Runtime, runtime_for
@@ -70,6 +70,8 @@ so a median would round a small node's time, and the extremes are other processe
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
+FEED_BYTES_FACTOR = 3
+"""Bytes drawn per input byte when feeding an operator: float64 random values, then their float32 copy."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ def profile_costs(
     groups = [tuple(group) for group in groups]
     devices = tuple(devices)
     key = cache_key(model, groups, devices, repeats, method)
+    _refuse_unallocatable(model, groups)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(groups))
     if cached is not None:
@@ -148,6 +151,36 @@ def profile_costs(
     costs = _measure(model, groups, devices, repeats, progress or _no_progress, method)
     _write_cache(path, costs)
     return costs
+
+
+def _refuse_unallocatable(model: onnx.ModelProto, groups: list[tuple[str, ...]]) -> None:
+    """ModelError if an operator's tensors (its random inputs drawn in float64, its outputs) would not fit in the
+    memory this machine has available: measuring it would fail mid-way."""
+    infos = tensor_infos(model)
+    nodes = {node.name: node for node in model.graph.node}
+    needed, name = max(
+        (sum(FEED_BYTES_FACTOR * infos[t].nbytes for n in group for t in nodes[n].input if t in infos)
+         + sum(infos[t].nbytes for n in group for t in nodes[n].output if t in infos), group[0])
+        for group in groups
+    )
+    available = available_memory_bytes()
+    if available is not None and needed > available:
+        raise ModelError(
+            f"profiling runs each operator on real tensors, and {name!r} needs {needed / 2**30:.1f} GiB, more than "
+            f"the {available / 2**30:.1f} GiB this machine has available: use --cost-model analytic or a smaller "
+            "--input-shape"
+        )
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _read_cache(path: Path, devices: tuple[Device, ...], operators: int) -> ProfiledCosts | None:

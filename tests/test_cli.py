@@ -315,3 +315,15 @@ def test_a_bad_cost_cache_entry_is_one_warning_line_and_the_run_succeeds(capsys,
     assert warning == [f"onnx-remat: warning: cost cache entry {entry} is unusable "
                        "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): measuring again"]
     assert json.loads(entry.read_text())["devices"] == ["cpu"]
+
+
+def test_sizes_no_machine_holds_are_refused_before_any_work(capsys, tmp_path):
+    symbolic = tmp_path / "symbolic.onnx"
+    onnx.save(conv_chain(batch="N"), symbolic)
+    out = tmp_path / "out.onnx"
+    code, err = run_cli(capsys, symbolic, out, "--budget", "50%", "--input-shape", "input=99999999999999999999x8x16x16")
+    assert code == 2 and "positive sizes below 4611686018427387904" in err
+    code, err = run_cli(capsys, symbolic, out, "--budget", "50%", "--input-shape", "input=10000000x8x16x16",
+                        "--cost-model", "profiled")
+    assert code == 3 and re.search(r"'conv\d' needs 305.2 GiB, more than the [\d.]+ GiB this machine has", err), err
+    assert not out.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve import SOLVERS, SolveResult, solve
 from onnx_remat.passes.solve.baselines import placed_baselines
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import DEFAULT_TIME_LIMIT
+from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
 from onnx_remat.schedule import Compute, Copy, Event
@@ -63,15 +64,17 @@ def run(args: argparse.Namespace, console: Console) -> None:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.report:
         check_outputs([args.report], args.problem, args.force)
+    started = time.perf_counter()
     problem = read_problem(args.problem)
     if args.budget:
-        problem = with_budgets(problem, args.budget)
+        problem = with_budgets(problem, args.budget, args.time_limit / 2)
     with console.status("solving", spinner="dots") as status:
 
         def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
             status.update(f"solving: {elapsed:.1f} s, {_progress_text(incumbent, bound)}")
 
-        result = solve(problem, args.solver, args.time_limit, progress)
+        left = max(LAST_SECONDS, args.time_limit - (time.perf_counter() - started))
+        result = solve(problem, args.solver, left, progress)
     baselines = baseline_rows(problem)
     for line in summary_lines(problem, result, baselines):
         console.print(line, highlight=False)
@@ -81,8 +84,9 @@ def run(args: argparse.Namespace, console: Console) -> None:
         write_atomically(Path(args.report), (text + "\n").encode())
 
 
-def with_budgets(problem: Problem, text: str) -> Problem:
-    """`problem` with the budgets of `--budget`: one for all devices, or NAME=B for some of them."""
+def with_budgets(problem: Problem, text: str, search_seconds: float = MINIMUM_SECONDS) -> Problem:
+    """`problem` with the budgets of `--budget`: one for all devices, or NAME=B for some of them; the `min` ones
+    searched within `search_seconds` in all."""
     parts = [part.strip() for part in text.split(",")]
     if len(parts) == 1 and "=" not in parts[0]:
         given = dict.fromkeys(problem.devices, parts[0])
@@ -102,10 +106,9 @@ def with_budgets(problem: Problem, text: str) -> Problem:
         if not budget.minimum:
             budgets[device] = budget.resolve(problem.keep_all_bytes(device), 0)
     fixed = replace(problem, budgets=tuple(budgets))
-    for name, budget in parsed.items():
-        device = problem.devices.index(name)
-        if budget.minimum:
-            budgets[device] = minimum_budget(fixed, device).feasible
+    searched = [problem.devices.index(name) for name, budget in parsed.items() if budget.minimum]
+    for device in searched:
+        budgets[device] = minimum_budget(fixed, device, min(MINIMUM_SECONDS, search_seconds) / len(searched)).feasible
     return replace(problem, budgets=tuple(budgets))
 
 

@@ -16,10 +16,9 @@ from pathlib import Path
 import onnx
 
 from onnx_remat.errors import InfeasibleBudgetError, ModelError, SolverError
+from onnx_remat.options import DEFAULT_MAX_BATCH, DEFAULT_TIME_LIMIT
 from onnx_remat.passes.load import load_model
-from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, RematResult, TrainingOptions, remat
-
-DEFAULT_MAX_BATCH = 4096
+from onnx_remat.pipeline import RematResult, TrainingOptions, remat
 
 
 @dataclass(frozen=True)

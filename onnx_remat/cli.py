@@ -1,7 +1,8 @@
 """Command line: `onnx-remat IN.onnx OUT.onnx --budget B`, a thin layer over `onnx_remat.remat`, and
 subcommands (`onnx-remat COMMAND ...`), each a module in `onnx_remat.commands` registered in COMMANDS.
 
-A command module has `build_parser() -> argparse.ArgumentParser` and `run(args, console) -> None`.
+A command module has `build_parser() -> argparse.ArgumentParser` and `run(args, console) -> None`. Parsers take
+their choices from onnx_remat.options; the pipeline, runtimes and solvers load in `run`, so --help is quick.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
@@ -24,21 +25,13 @@ from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, RematWarning, UsageError
 from onnx_remat.files import check_outputs, write_together
-from onnx_remat.model_files import data_file, has_external_data, model_files
-from onnx_remat.netron import attachment_bytes, default_path
-from onnx_remat.passes.autodiff import LOSSES
-from onnx_remat.passes.solve import SOLVERS
-from onnx_remat.pipeline import (
-    COST_MODELS,
-    DEFAULT_TIME_LIMIT,
-    MODES,
-    RematResult,
-    TrainingOptions,
-    prepare,
-    remat,
-)
-from onnx_remat.plot import render_schedule
+from onnx_remat.options import COST_MODELS, DEFAULT_TIME_LIMIT, LOSSES, MODES, SOLVERS
 from onnx_remat.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnx_remat.pipeline import RematResult
 
 COMMANDS: dict[str, str] = {
     "sweep": "sweep",
@@ -174,6 +167,10 @@ def _percent(text: str) -> float:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, run the pipeline, write model and report."""
+    from onnx_remat.model_files import data_file, has_external_data
+    from onnx_remat.netron import default_path
+    from onnx_remat.pipeline import TrainingOptions, prepare, remat
+
     if args.time_limit is not None and args.time_limit <= 0:
         raise UsageError("--time-limit must be a positive number of seconds")
     if args.solver not in SOLVERS:
@@ -217,6 +214,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
 def _model_files(args: argparse.Namespace, model: onnx.ModelProto, external: bool) -> dict[Path, bytes]:
     """The output model's file, with its weights in `<output>.data` beside it when the input kept them outside
     (that path was checked before the work) or the model is too large for one file (checked now)."""
+    from onnx_remat.model_files import model_files
+
     files = model_files(model, args.output, external)
     check_outputs([path for path in files if path != Path(args.output)], args.input, args.force)
     return files
@@ -224,6 +223,9 @@ def _model_files(args: argparse.Namespace, model: onnx.ModelProto, external: boo
 
 def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]:
     """Every file the main command writes, by path, rendered before any is written."""
+    from onnx_remat.netron import attachment_bytes
+    from onnx_remat.plot import render_schedule
+
     outputs = _model_files(args, result.model, result.external_data)
     if args.report:
         outputs[Path(args.report)] = result.report.to_json().encode()

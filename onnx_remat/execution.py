@@ -15,13 +15,12 @@ import onnx
 from onnx_remat.budget import Budget
 from onnx_remat.devices import Device, budgets_by_name, get_devices, parse_device_budgets
 from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.options import DEFAULT_REPEATS
 from onnx_remat.passes import load
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.measure_devices import with_measured_peaks
 from onnx_remat.passes.rewrite import tagged_budgets
 from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
-
-DEFAULT_REPEATS = 10
 
 
 def run_on_devices(

@@ -16,6 +16,7 @@ from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, Us
 from onnx_remat.files import check_outputs, write_together
 from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
+from onnx_remat.options import COST_MODELS, DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS, MODES
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
@@ -41,14 +42,6 @@ from onnx_remat.report import MeasuredChoice, Report
 from onnx_remat.schedule import Compute, Copy, Schedule
 
 Progress = Callable[[float, float | None, float | None], None]
-MODES = ("infer", "train")
-COST_MODELS = ("analytic", "profiled", "in-graph")
-"""Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
-DEFAULT_TIME_LIMIT = 60.0
-MINIMUM_SECONDS = 10.0
-"""The most the search of the devices' minimum budgets may take (half the time limit when that is shorter)."""
-LAST_SECONDS = 0.1
-"""The least time a solve is given, however much of the limit preparing took: enough to return its start."""
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""
 

@@ -20,13 +20,11 @@ from onnx_remat.budget import Budget, parse_budget
 from onnx_remat.devices import Device
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.execution import run_on_devices
+from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_TIME_LIMIT
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.load import load_model
 from onnx_remat.passes.measure import measure_activation_peak
-from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, RematResult, TrainingOptions, remat
-
-DEFAULT_BUDGETS = "100%,75%,50%,25%"
-DEFAULT_KNEE_OVERHEAD = 0.05
+from onnx_remat.pipeline import RematResult, TrainingOptions, remat
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from onnx_remat.arguments import seconds
-from onnx_remat.batch import DEFAULT_MAX_BATCH, BatchTrial, MaxBatch, max_batch
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.passes.solve import SOLVERS
-from onnx_remat.pipeline import MODES
+from onnx_remat.options import DEFAULT_MAX_BATCH, MODES, SOLVERS
+
+if TYPE_CHECKING:
+    from onnx_remat.batch import BatchTrial, MaxBatch
 
 DEFAULT_TIME_LIMIT = 30.0
 TABLE_WIDTH = 130
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Search the batch, print every batch tried and the result, write model and report if asked."""
+    from onnx_remat.batch import max_batch
+
     budget = parse_budget(args.budget)
     if budget.absolute_bytes is None:
         raise UsageError(

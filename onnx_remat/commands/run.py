@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
@@ -18,11 +19,11 @@ from rich.console import Console
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import OverBudgetError, UsageError
-from onnx_remat.execution import DEFAULT_REPEATS, input_values, run_on_devices
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.passes.execute import run as run_whole
-from onnx_remat.passes.load import load_model
-from onnx_remat.passes.run_devices import DeviceRun
+from onnx_remat.options import DEFAULT_REPEATS
+
+if TYPE_CHECKING:
+    from onnx_remat.passes.run_devices import DeviceRun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Read the inputs, run the model on its devices, print the summary, write the outputs."""
+    from onnx_remat.execution import input_values, run_on_devices
+    from onnx_remat.passes.execute import run as run_whole
+    from onnx_remat.passes.load import load_model
+
     if args.outputs:
         check_outputs([args.outputs], args.model, args.force)
     model = load_model(args.model)

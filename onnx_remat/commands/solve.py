@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -20,14 +20,14 @@ from onnx_remat.arguments import seconds
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
+from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS, SOLVERS
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve import SOLVERS, SolveResult, solve
-from onnx_remat.passes.solve.baselines import placed_baselines
-from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
 from onnx_remat.schedule import Compute, Copy, Event
+
+if TYPE_CHECKING:
+    from onnx_remat.passes.solve import SolveResult
 
 SHOWN_BASELINES = ("keep-all", "chen-sqrt-n")
 
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Read the problem, set the budgets, solve with live progress, print the comparison, write the report."""
+    from onnx_remat.passes.solve import solve
+
     if args.solver not in SOLVERS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.report:
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
 def with_budgets(problem: Problem, text: str, search_seconds: float = MINIMUM_SECONDS) -> Problem:
     """`problem` with the budgets of `--budget`: one for all devices, or NAME=B for some of them; the `min` ones
     searched within `search_seconds` in all."""
+    from onnx_remat.passes.solve.min_budget import minimum_budget
+
     parts = [part.strip() for part in text.split(",")]
     if len(parts) == 1 and "=" not in parts[0]:
         given = dict.fromkeys(problem.devices, parts[0])
@@ -114,6 +118,8 @@ def with_budgets(problem: Problem, text: str, search_seconds: float = MINIMUM_SE
 
 def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:
     """Predicted seconds, peak bytes per device and whether it fits, for keep-all and Chen on each device."""
+    from onnx_remat.passes.solve.baselines import placed_baselines
+
     rows = {}
     for name, schedule in placed_baselines(problem):
         if name.split("@")[0] in SHOWN_BASELINES:

@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -16,10 +17,10 @@ from onnx_remat.cli import parse_input_shapes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.passes.solve import SOLVERS
-from onnx_remat.pipeline import COST_MODELS, MODES
-from onnx_remat.plot import plot_sweep
-from onnx_remat.sweep import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, Sweep, parse_budgets, sweep
+from onnx_remat.options import COST_MODELS, DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, MODES, SOLVERS
+
+if TYPE_CHECKING:
+    from onnx_remat.sweep import Sweep
 
 DEFAULT_TIME_LIMIT = 30.0
 TABLE_WIDTH = 170
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, sweep, print the table, write plot and JSON."""
+    from onnx_remat.plot import plot_sweep
+    from onnx_remat.sweep import parse_budgets, sweep
+
     if args.solver not in SOLVERS:
         raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.knee_overhead < 0:

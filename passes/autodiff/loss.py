@@ -7,11 +7,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.options import LOSSES
 from onnx_remat.passes.autodiff.graph_info import FLOAT_TYPES, GraphInfo
 
 LOSS = "loss"
 LABEL = "label"
-LOSSES = ("mse", "cross-entropy", "sum")
 
 
 class _LossGraph:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
+from onnx_remat.options import SOLVERS
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
 from onnx_remat.passes.solve.checkmate_milp import (
@@ -43,9 +44,7 @@ Progress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
 BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
-
-SOLVERS = ("auto", *BACKENDS)
-"""What `solver` may name: a backend, or "auto" to let `choose_backend` pick one."""
+"""Backend name (the SOLVERS but "auto") -> the function that runs it."""
 
 MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):

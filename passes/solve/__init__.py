@@ -249,7 +249,8 @@ def _incumbent(
     none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
     if problem.num_devices == 1:
         baseline = best_baseline(problem)
-        candidates = (offload(problem, 0), None if baseline is None else baseline[1], *hints)
+        deadline = None if time_limit is None else time.perf_counter() + time_limit
+        candidates = (offload(problem, 0, deadline=deadline), None if baseline is None else baseline[1], *hints)
         found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
         single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
         return single, (single,)

@@ -115,7 +115,7 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
         for d in range(problem.num_devices)
         for schedule in segmentations(on_device(problem, d))
     )
-    evicting = _least_evicting(problem, device)
+    evicting = _least_evicting(problem, device, deadline)
     always = [schedule for _, schedule in placed_baselines(problem)] + ([] if evicting is None else [evicting])
     found = []
     for k, schedule in enumerate(itertools.chain(always, segmented)):
@@ -127,15 +127,15 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
     return found
 
 
-def _least_evicting(problem: Problem, device: int) -> Schedule | None:
-    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%) at which
-    it fits, the other devices at their budgets; None if it fits not even at keep-all."""
+def _least_evicting(problem: Problem, device: int, deadline: float | None = None) -> Schedule | None:
+    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%, until
+    `deadline`) at which it fits, the other devices at their budgets; None if it fits not even at keep-all."""
 
     def fitting(budget: int) -> Schedule | None:
         budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
-        return _evicting(replace(problem, budgets=budgets))
+        return _evicting(replace(problem, budgets=budgets), deadline)
 
-    return _least_budget(fitting, quick_lower_bound(problem, device), _keep_all_room(problem))[1]
+    return _least_budget(fitting, quick_lower_bound(problem, device), _keep_all_room(problem), deadline)[1]
 
 
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
@@ -189,30 +189,37 @@ def _keep_all_room(problem: Problem) -> int:
     return keep + max(problem.workspace_bytes, default=0)
 
 
-def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
-    """The least budget in [lower, high] (to 0.5% of high) at which `fitting` gives a schedule, and it; `high`
-    and None if none fits at `high` either. Halving assumes that what fits a budget fits any larger one."""
+def _least_budget(
+    fitting: Callable[[int], Schedule | None], lower: int, high: int, deadline: float | None = None
+) -> tuple[int, Schedule | None]:
+    """The least budget in [lower, high] (to 0.5% of high, then `lower` itself) at which `fitting` gives a
+    schedule, and it; `high` and None if none fits at `high` either. Halving assumes that what fits a budget fits
+    any larger one; it goes down from `high`, the easy end, and stops at `deadline` with the least found so far."""
     best = fitting(high)
     if best is None:
         return high, None
-    if (at_lower := fitting(lower)) is not None:
-        return lower, at_lower
     low = lower
-    while high - low > max(1, high // 200):
+    while high - low > max(1, high // 200) and not _past(deadline):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:
             high, best = middle, schedule
         else:
             low = middle
+    if high > lower and not _past(deadline) and (at_lower := fitting(lower)) is not None:
+        return lower, at_lower
     return high, best
 
 
-def _evicting(problem: Problem) -> Schedule | None:
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def _evicting(problem: Problem, deadline: float | None = None) -> Schedule | None:
     """A schedule of the eviction heuristic (computing on each device, parking on each other one or nowhere)
-    within every budget, or None."""
+    within every budget, or None (also when `deadline` passes first)."""
     devices = range(problem.num_devices)
     pairs = ((c, s) for c in devices for s in [*[d for d in devices if d != c], None])
-    return _fitting(problem, (offload(problem, c, s) for c, s in pairs))
+    return _fitting(problem, (offload(problem, c, s, deadline) for c, s in pairs))
 
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:

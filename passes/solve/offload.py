@@ -5,20 +5,27 @@ does not read are evicted, the one read furthest in the future first (Belady): p
 (copied there unless already there) when that is cheaper than recomputing it and fits, else dropped. Before an
 operator runs, a missing input is copied back if parked, or recomputed (its own missing inputs first, in the
 same way). Graph outputs are never dropped. With no store device it is a pure recomputation heuristic.
-A warm start for the MILP, and the answer where the MILP is too large to build.
+A warm start for the MILP, and the answer where the MILP is too large to build. At tight budgets on densely
+connected graphs (DenseNet) recomputation can cascade for minutes: a deadline ends it without a schedule.
 """
 
 from __future__ import annotations
+
+import time
 
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
 
 
+class _OutOfTime(Exception):
+    """The deadline passed before every operator ran."""
+
+
 class _Evictor:
     """Mutable state of the heuristic: what each device holds, its memory, the events so far."""
 
-    def __init__(self, problem: Problem, compute: int, store: int | None):
-        self.problem, self.compute, self.store = problem, compute, store
+    def __init__(self, problem: Problem, compute: int, store: int | None, deadline: float | None = None):
+        self.problem, self.compute, self.store, self.deadline = problem, compute, store, deadline
         self.held: list[set[int]] = [set() for _ in problem.devices]
         self.memory = list(problem.resident_bytes)
         self.events: list[Event] = []
@@ -122,6 +129,8 @@ class _Evictor:
     def run(self, op: int, stage: int, keep: set[int]) -> bool:
         """Fetch `op`'s inputs and compute it on the compute device in `stage`; False if it cannot fit."""
         p = self.problem
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise _OutOfTime
         inputs = set(p.predecessors[op])
         pinned = keep | inputs
         if not all(self.fetch(i, stage, pinned) for i in sorted(inputs)):
@@ -141,9 +150,15 @@ class _Evictor:
         return True
 
 
-def offload(problem: Problem, compute: int, store: int | None = None) -> Schedule | None:
-    """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit."""
-    state = _Evictor(problem, compute, store)
-    if all(state.step(v) for v in range(problem.num_ops)):
-        return Schedule(tuple(state.events))
+def offload(
+    problem: Problem, compute: int, store: int | None = None, deadline: float | None = None
+) -> Schedule | None:
+    """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit or
+    is not found by `deadline` (a `time.perf_counter()` value)."""
+    state = _Evictor(problem, compute, store, deadline)
+    try:
+        if all(state.step(v) for v in range(problem.num_ops)):
+            return Schedule(tuple(state.events))
+    except _OutOfTime:
+        pass
     return None

@@ -8,7 +8,8 @@ COST_MODELS = ("analytic", "profiled", "in-graph")
 DEFAULT_TIME_LIMIT = 60.0
 """Seconds a command may take, start-up and writing aside."""
 MINIMUM_SECONDS = 10.0
-"""The most the search of the devices' minimum budgets may take (half the time limit when that is shorter)."""
+"""The most the search of the devices' minimum budgets may take when no budget is `min` (half the time limit when
+that is shorter); with a `min` budget it gets half the time limit."""
 LAST_SECONDS = 0.1
 """The least time a solve is given, however much of the limit preparing took: enough to return its start."""
 LOSSES = ("mse", "cross-entropy", "sum")

@@ -172,7 +172,7 @@ def remat(
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
-    proof_seconds = min(MINIMUM_SECONDS, time_limit / 2 if time_limit else MINIMUM_SECONDS)
+    proof_seconds = _search_seconds(time_limit, any(b.minimum for b in budgets.values()))
     problem, minima, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
     if emit_problem:
         write_problem(problem, emit_problem)
@@ -198,6 +198,14 @@ def remat(
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled,
                        has_external_data(model))
+
+
+def _search_seconds(time_limit: float | None, asked_for_minimum: bool) -> float:
+    """Time for the minimum-budget search: half the limit when a budget is `min` (the answer the user asked for),
+    else (a refusal's or the report's figure) at most MINIMUM_SECONDS of that half."""
+    if time_limit is None:
+        return MINIMUM_SECONDS
+    return time_limit / 2 if asked_for_minimum else min(MINIMUM_SECONDS, time_limit / 2)
 
 
 def _time_left(time_limit: float | None, started: float) -> float | None:

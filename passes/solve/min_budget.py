@@ -189,16 +189,28 @@ def _keep_all_room(problem: Problem) -> int:
     return keep + max(problem.workspace_bytes, default=0)
 
 
+DESCENT = 0.8
+"""Each step down of the least-budget search, before it halves between the last budget that fits and the first
+that does not."""
+
+
 def _least_budget(
     fitting: Callable[[int], Schedule | None], lower: int, high: int, deadline: float | None = None
 ) -> tuple[int, Schedule | None]:
     """The least budget in [lower, high] (to 0.5% of high, then `lower` itself) at which `fitting` gives a
-    schedule, and it; `high` and None if none fits at `high` either. Halving assumes that what fits a budget fits
-    any larger one; it goes down from `high`, the easy end, and stops at `deadline` with the least found so far."""
+    schedule, and it; `high` and None if none fits at `high` either. Assumes that what fits a budget fits any larger
+    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two; at
+    `deadline` it stops with the least found so far (a heuristic's time grows as its budget tightens)."""
     best = fitting(high)
     if best is None:
         return high, None
     low = lower
+    while high > lower and not _past(deadline):
+        step = max(lower, int(high * DESCENT))
+        if (schedule := fitting(step)) is None:
+            low = step
+            break
+        high, best = step, schedule
     while high - low > max(1, high // 200) and not _past(deadline):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:

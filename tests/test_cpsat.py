@@ -78,9 +78,10 @@ def test_stop_returns_the_best_solution_so_far_and_progress_is_reported():
     stop, reports = threading.Event(), []
 
     def report_then_stop(*report: object) -> None:
-        """Stop at the first report that has a bound: the search is running, however busy the machine."""
+        """Stop at the first report with an incumbent and a bound: the search is running and has a solution to
+        return, however busy the machine."""
         reports.append(report)
-        if report[2] is not None:
+        if report[1] is not None and report[2] is not None:
             stop.set()
 
     warm = model.assignment(best_baseline(problem)[1])

@@ -210,10 +210,9 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
         result = remat(path, budget="50%", mode="train", training=options, time_limit=time_limit,
                        find_minimum=False)
         outcome.train_budget = "50%"
-    except (InfeasibleBudgetError, SolverError) as refusal:
-        minimum = getattr(refusal, "minimum_bytes", None) or "min"
-        result = remat(path, budget=minimum, mode="train", training=options, time_limit=time_limit,
-                       find_minimum=False)
+    except (InfeasibleBudgetError, SolverError):
+        # At "min" the search's schedule starts the solver: a stated minimum in bytes would leave it to find one.
+        result = remat(path, budget="min", mode="train", training=options, time_limit=time_limit)
         outcome.train_budget = "min"
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)

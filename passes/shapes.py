@@ -46,6 +46,7 @@ def resolve_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     if unknown:
         raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}), "
                          "even by running the model in onnxruntime")
+    _refuse_mismatched_channels(inferred)
     return inferred
 
 
@@ -96,6 +97,25 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
                        for t in weights if t.name not in declared)
     return light
+
+
+def _refuse_mismatched_channels(model: onnx.ModelProto) -> None:
+    """ModelError for a Conv or ConvTranspose whose input has other channels than its weight takes: ONNX shape
+    inference lets it through and onnxruntime fails only when it runs (after the rewrite was written)."""
+    dims = {name: [d.dim_value for d in value.type.tensor_type.shape.dim] for name, value in _known(model).items()}
+    dims.update({i.name: list(i.dims) for i in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+            continue
+        x, w = dims.get(node.input[0]), dims.get(node.input[1])
+        if not x or not w or len(x) < 2 or len(w) < 2:
+            continue
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        expected = w[1] * group if node.op_type == "Conv" else w[0]
+        if x[1] != expected:
+            raise ModelError(f"{node.op_type} node {node.name!r} reads {node.input[0]!r} with {x[1]} channels, but "
+                             f"its weight {node.input[1]!r} of shape {w} (group {group}) takes {expected}: fix the "
+                             "model's input shape (--input-shape) or its weights")
 
 
 def _known(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

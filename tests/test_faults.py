@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import pytest
 from conftest import conv_chain, skip_net
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_signals import ONNXRUNTIME_SESSION_FILE
 
@@ -114,6 +114,7 @@ def _check_outcome(folder: Path, source: Path, data: bytes, code: int, errors: s
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_mutations(), min_size=1, max_size=3), st.sampled_from(["infer", "train"]))
+@example([("dim", 1, 1)], "train")  # input channels unlike the weights': the gradient's shapes failed the checker
 def test_a_mutated_model_ends_with_a_documented_code(changes, mode):
     data = _mutated(changes)
     with tempfile.TemporaryDirectory() as name:

@@ -92,6 +92,15 @@ def test_a_value_dependent_shape_is_refused_naming_its_node() -> None:
         resolve_shapes(_model(nodes, []))
 
 
+@pytest.mark.parametrize("op_type, weight_shape, group", [("Conv", [4, 2, 1], 1), ("Conv", [4, 1, 1], 2),
+                                                          ("ConvTranspose", [2, 4, 1], 1)])
+def test_a_convolution_whose_input_channels_differ_from_its_weights_is_refused(op_type, weight_shape, group) -> None:
+    weight = numpy_helper.from_array(np.ones(weight_shape, np.float32), "w")
+    nodes = [helper.make_node(op_type, ["x", "w"], ["y"], name="mixer", group=group)]
+    with pytest.raises(ModelError, match=f"{op_type} node 'mixer' reads 'x' with 3 channels"):
+        resolve_shapes(_model(nodes, [weight]))
+
+
 def _reshaped_by_a_parameter() -> onnx.ModelProto:
     """A model whose Reshape target is computed from a parameter's values: only running it tells the sizes."""
     nodes = [

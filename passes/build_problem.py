@@ -52,11 +52,12 @@ def build_problem(
     # A constant node runs up front unless it belongs to a group with real work, where it is recomputed
     # with the group and its output stays transient (e.g. a weight rescaled for one gradient).
     prelude = [name for group in groups if all(n in constant for n in group) for name in group]
-    kept = [(tuple(names), role) for names, role in zip(groups, roles or [""] * len(groups), strict=True)
-            if not all(n in constant for n in names)]
+    graph_outputs = {o.name for o in graph.output}
+    kept = _attach_views([(tuple(names), role) for names, role in zip(groups, roles or [""] * len(groups),
+                                                                       strict=True)
+                          if not all(n in constant for n in names)], by_name, graph_outputs)
     ops = [[by_name[name] for name in names] for names, _ in kept]
     producer = {out: g for g, nodes in enumerate(ops) for node in nodes for out in node.output if out}
-    graph_outputs = {o.name for o in graph.output}
     consumers = _consumers(ops)
     exported = [
         [o for node in nodes for o in node.output if o and (o in graph_outputs or consumers.get(o, {g}) - {g})]
@@ -67,19 +68,21 @@ def build_problem(
     inputs = {i.name for i in graph.input}
     held = {i.name for i in graph.initializer} | inputs | {o for name in prelude for o in by_name[name].output}
     resident = sum(infos[name].nbytes for name in held if name in infos)
+    output_bytes = [_buffer_bytes(nodes, outs, infos, graph_outputs, held) for nodes, outs in zip(ops, exported,
+                                                                                                   strict=True)]
     devices = tuple(device_costs)
     problem = Problem(
         op_names=tuple(_group_name(nodes) for nodes in ops),
         edges=tuple(edges),
-        output_bytes=tuple(sum(infos[o].nbytes for o in outs) for outs in exported),
+        output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in nodes) for nodes in ops) for cost in device_costs.values()),
         resident_bytes=(resident,) * len(devices),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(ops, exported, producer, graph_outputs),
         devices=devices,
         workspace_bytes=tuple(
-            _group_workspace(nodes, set(outs), infos, workspace, graph_outputs)
-            for nodes, outs in zip(ops, exported, strict=True)
+            _group_workspace(nodes, set(outs), size, infos, workspace, graph_outputs)
+            for nodes, outs, size in zip(ops, exported, output_bytes, strict=True)
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
     )
@@ -111,9 +114,40 @@ def _consumers(ops: list[list[onnx.NodeProto]]) -> dict[str, set[int]]:
     return consumers
 
 
+def _attach_views(kept: list[tuple[tuple[str, ...], str]], by_name: dict[str, onnx.NodeProto],
+                  graph_outputs: set[str]) -> list[tuple[tuple[str, ...], str]]:
+    """Each operator that is one view node (a Reshape, Squeeze... whose output shares its input's buffer in
+    onnxruntime) joins the operator producing that input, when everything else it reads is ready there: the two
+    tensors are one buffer, which lives until the last reader of either, so they are kept and freed as one."""
+    merged: list[tuple[list[str], str]] = []
+    producer: dict[str, int] = {}
+    for names, role in kept:
+        node = by_name[names[0]]
+        target = producer.get(node.input[0]) if len(names) == 1 and shared_buffers([node], graph_outputs) else None
+        if target is not None and any(producer.get(name, -1) > target for name in reads(node)):
+            target = None
+        if target is None:
+            merged.append((list(names), role))
+            target = len(merged) - 1
+        else:
+            merged[target][0].append(names[0])
+        producer.update((out, target) for name in names for out in by_name[name].output if out)
+    return [(tuple(names), role) for names, role in merged]
+
+
+def _buffer_bytes(nodes: list[onnx.NodeProto], exported: list[str], infos: dict[str, TensorInfo],
+                  graph_outputs: set[str], resident: set[str]) -> int:
+    """Bytes of the buffers behind a group's exported tensors: a view and the tensor it shares count once, and a
+    view of a resident tensor (a graph input, a weight) counts nothing."""
+    owner = shared_buffers(nodes, graph_outputs)
+    buffers = {owner.get(name, name) for name in exported} - resident
+    return sum(infos[name].nbytes for name in buffers if name in infos)
+
+
 def _group_workspace(
     nodes: list[onnx.NodeProto],
     exported: set[str],
+    exported_bytes: int,
     infos: dict[str, TensorInfo],
     workspace: NodeWorkspace,
     graph_outputs: set[str],
@@ -141,7 +175,7 @@ def _group_workspace(
         peak = max(peak, sum(live.values()) + written + workspace(node, infos))
         for name in [n for n in live if last_use.get(n, -1) <= k]:
             del live[name]
-    return max(0, peak - sum(infos[name].nbytes for name in exported if name in infos))
+    return max(0, peak - exported_bytes)
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> set[str]:

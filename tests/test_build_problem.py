@@ -30,7 +30,7 @@ SCHEDULES = {
 }
 # Schedules whose recomputations still leave an unread non-optional output (a recomputed MaxPool's values when only
 # its indices are read, one half of a recomputed Split) that onnxruntime holds to the end: not modelled yet.
-KNOWN_UNDERCOUNTS = {("vgg16", "chen-sqrt-n"), ("vgg16", "segments-3")}
+KNOWN_UNDERCOUNTS = {("vgg16", "chen-sqrt-n")}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

@@ -33,7 +33,7 @@ from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.checkmate_milp import write_mps
-from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
+from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_lower_bound
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
@@ -173,7 +173,8 @@ def remat(
     prepared = prepare(model, mode, input_shapes, training)
     graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
     proof_seconds = _search_seconds(time_limit, any(b.minimum for b in budgets.values()))
-    problem, minima, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
+    problem, searched, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
+    minima = tuple(None if m is None else m.feasible for m in searched)
     if emit_problem:
         write_problem(problem, emit_problem)
     if emit_mps:
@@ -194,7 +195,8 @@ def remat(
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
     tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
-                     recomputed_nodes=count_role(rewritten, "recompute"))
+                     recomputed_nodes=count_role(rewritten, "recompute"),
+                     minimum_lower_bytes=None if searched[0] is None else searched[0].lower)
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
     return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled,
                        has_external_data(model))
@@ -289,9 +291,10 @@ def costed_problem(
 
 
 def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: bool = True,
-                 time_limit: float = MINIMUM_SECONDS) -> tuple[Problem, tuple[int | None, ...], tuple[Schedule, ...]]:
+                 time_limit: float = MINIMUM_SECONDS,
+                 ) -> tuple[Problem, tuple[MinBudget | None, ...], tuple[Schedule, ...]]:
     """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
-    also return each device's minimum feasible budget (with the other devices at their budgets) and the schedules
+    also return each device's minimum budget bounds (with the other devices at their budgets) and the schedules
     that reached those minima (for the solver to start from).
 
     Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all. With one
@@ -312,7 +315,7 @@ def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: boo
             requested[d] = minimum.feasible
         elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):
             raise InfeasibleBudgetError(_below_minimum(problem, d, requested[d], minimum.feasible), minimum.feasible)
-        minima.append(minimum.feasible)
+        minima.append(minimum)
         reached.extend([] if minimum.schedule is None else [minimum.schedule])
     return replace(problem, budgets=tuple(requested)), tuple(minima), tuple(reached)
 

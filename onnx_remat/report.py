@@ -108,6 +108,8 @@ class Report:
     measured_choice: MeasuredChoice | None = None
     recomputed_nodes: int | None = None
     """Nodes of the rewritten model that are recomputations (an operator may span several nodes)."""
+    minimum_lower_bytes: int | None = None
+    """A budget no schedule fits under (proven): the minimum is exact when it equals `minimum_budget_bytes`."""
 
     @property
     def time_overhead(self) -> float:
@@ -125,7 +127,7 @@ class Report:
     def summary(self) -> str:
         """The short human summary the CLI prints on stderr."""
         recomputed = sum(r.extra_computations for r in self.recomputations)
-        minimum = "not searched" if self.minimum_budget_bytes is None else format_bytes(self.minimum_budget_bytes)
+        minimum = self._minimum_text()
         s = self.solver
         where = f"on {self.devices[0]} " if len(self.devices) > 1 else ""
         lines = [
@@ -153,6 +155,17 @@ class Report:
             times = ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in m.seconds.items())
             lines.append(f"measured     {times}: kept {m.kept}")
         return "\n".join(lines + self._device_lines() + self._recompute_lines() + self._copy_lines())
+
+    def _minimum_text(self) -> str:
+        """The least budget found, and whether it is proven least or how far the proven bound is below it."""
+        found, lower = self.minimum_budget_bytes, self.minimum_lower_bytes
+        if found is None:
+            return "not searched"
+        if lower is None:
+            return format_bytes(found)
+        if lower >= found:
+            return f"{format_bytes(found)}, proven"
+        return f"{format_bytes(found)} found, proven at least {format_bytes(lower)}"
 
     def _device_lines(self) -> list[str]:
         """One line per device: predicted time and peak against its budget."""

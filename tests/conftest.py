@@ -86,7 +86,7 @@ def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:
     names = problem.devices
     first = Budget(absolute_bytes=int(0.98 * alone[0]))
     _, minima, _ = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)}, time_limit=PROOF_SECONDS)
-    assert minima[1] < alone[1]
-    second = Budget(absolute_bytes=(minima[1] + alone[1]) // 2)
+    assert minima[1].feasible < alone[1]
+    second = Budget(absolute_bytes=(minima[1].feasible + alone[1]) // 2)
     mixed, _, _ = with_budgets(problem, {names[0]: first, names[1]: second}, time_limit=PROOF_SECONDS)
     return mixed, alone

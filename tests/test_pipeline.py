@@ -10,6 +10,7 @@ import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
+from onnx_remat.budget import format_bytes
 from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
@@ -65,6 +66,17 @@ def test_report_is_consistent_with_schedule():
     assert extra == result.schedule.recompute_count()
     assert report.predicted_seconds >= report.keep_all_seconds
     assert report.predicted_seconds <= min(b.seconds for b in report.baselines.values() if b.within_budget) + 1e-12
+
+
+def test_the_summary_says_whether_the_stated_minimum_is_proven():
+    report = onnx_remat.remat(skip_net(), "min").report
+    assert report.minimum_lower_bytes <= report.minimum_budget_bytes <= report.budget_bytes
+    line = next(line for line in report.summary().splitlines() if line.startswith("budget"))
+    proven = report.minimum_lower_bytes == report.minimum_budget_bytes
+    assert (", proven)" in line) == proven
+    assert ("found, proven at least" in line) == (not proven)
+    unproven = replace(report, minimum_lower_bytes=report.minimum_budget_bytes // 2)
+    assert f"proven at least {format_bytes(report.minimum_budget_bytes // 2)}" in unproven.summary()
 
 
 def test_budget_below_minimum_states_the_minimum():

@@ -154,8 +154,8 @@ def mixed_only_candidates(problem: Problem, alone: list[int]) -> list[list[int]]
         _, minima, _ = with_budgets(
             problem, {problem.devices[0]: Budget(absolute_bytes=first), problem.devices[1]: Budget(minimum=True)}
         )
-        if minima[1] < alone[1]:
-            candidates.append([first, (minima[1] + alone[1]) // 2])
+        if minima[1].feasible < alone[1]:
+            candidates.append([first, (minima[1].feasible + alone[1]) // 2])
     except RematError:
         pass
     return candidates + [[int(below * a) for a in alone] for below in (0.95, 0.9)]

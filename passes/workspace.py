@@ -12,6 +12,9 @@ the kernel touches (resident pages), not what it allocates:
 - Where: two output-sized temporaries (the X picks and the Y picks, then merged into the output):
   measured 3x the output for a float Where, with or without broadcasting.
 - ScatterElements: its indices copied to an int64 vector: measured 4 MiB beside the output for 512 Ki indices.
+- LSTM, GRU (DeepCPU kernels): every step's gate pre-activations (4 or 3 x hidden per row and step) and a few
+  row x hidden state buffers per direction; a reverse direction also copies its input and output reversed.
+  Measured within 2-5% for batch 2048-4096, 6-12 steps, hidden 16-32, one and two directions.
 - MatMul, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none measured
   (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
 """
@@ -30,6 +33,8 @@ INDEX_BYTES = 8  # int64
 PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's GEMM panel
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
+RECURRENT_GATES = {"LSTM": (4, 4), "GRU": (3, 2)}
+"""Per recurrent op: gate pre-activations per hidden unit, and state buffers of rows x hidden, per direction."""
 
 
 def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int = 1) -> int:
@@ -44,7 +49,22 @@ def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads:
         return 2 * infos[node.output[0]].nbytes
     if node.op_type == "ScatterElements":
         return INDEX_BYTES * math.prod(infos[node.input[1]].shape)
+    if node.op_type in RECURRENT_GATES:
+        return FLOAT_BYTES * _recurrent_floats(node, infos)
     return 0
+
+
+def _recurrent_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
+    """Elements of an LSTM's or GRU's scratch: gates of every step and state rows per direction, the reversed
+    input and output for a second direction."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    x = infos[node.input[0]].shape
+    steps, rows, features = (x[1], x[0], x[2]) if attrs.get("layout", 0) else (x[0], x[1], x[2])
+    hidden = attrs["hidden_size"]
+    directions = 2 if attrs.get("direction", b"forward") == b"bidirectional" else 1
+    gates, state_rows = RECURRENT_GATES[node.op_type]
+    per_direction = gates * hidden * rows * steps + state_rows * hidden * rows
+    return directions * per_direction + (directions - 1) * steps * rows * (features + hidden)
 
 
 def _conv_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 from conftest import conv_chain, skip_net
+from onnx import TensorProto, helper, numpy_helper
 from test_rewrite import one_node_ops, skip_remat_schedule
 
 from onnx_remat.passes.measure import measure_activation_peak, predicted_activation_peak
@@ -32,4 +34,27 @@ def test_recomputation_that_frees_early_lowers_the_measured_peak(tmp_path):
 @pytest.mark.parametrize("batch", [2, 4])  # at 1 MiB tensors a fixed ~150 KiB of allocator slack nears 10%
 def test_conv_chain_peak_matches_prediction(tmp_path, batch):
     measured, predicted = measured_and_predicted(conv_chain(channels=64, size=64, batch=batch), tmp_path / "c.onnx")
+    assert measured == pytest.approx(predicted, rel=0.1)
+
+
+def _recurrent(op_type: str, rows: int, steps: int, hidden: int, direction: str) -> onnx.ModelProto:
+    """One LSTM or GRU node over [steps, rows, 8] features."""
+    directions, gates = 2 if direction == "bidirectional" else 1, 4 if op_type == "LSTM" else 3
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((directions, gates * hidden, width)).astype(np.float32),
+                                       name) for name, width in (("W", 8), ("R", hidden))]
+    node = helper.make_node(op_type, ["x", "W", "R"], ["y", "y_h"], hidden_size=hidden, direction=direction)
+    graph = helper.make_graph(
+        [node], "recurrent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, rows, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, directions, rows, hidden]),
+         helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [directions, rows, hidden])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("op_type", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_recurrent_scratch_is_predicted(tmp_path, op_type, direction):
+    """The gates of every step dominate: without them an LSTM measured 2.5x its prediction."""
+    model = _recurrent(op_type, rows=2048, steps=9, hidden=24, direction=direction)
+    measured, predicted = measured_and_predicted(model, tmp_path / "rnn.onnx")
     assert measured == pytest.approx(predicted, rel=0.1)

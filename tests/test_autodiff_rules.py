@@ -461,8 +461,40 @@ def test_shape(case: Case) -> None:
     check(case)
 
 
+def einsum_case(equation: str, *shapes: tuple[int, ...]) -> Case:
+    inputs = [rand(*shape, seed=k) for k, shape in enumerate(shapes)]
+    return Case("Einsum", inputs, lambda *xs: torch.einsum(equation, *xs), {"equation": equation})
+
+
+EINSUMS = [
+    einsum_case("bij,bjk->bik", (2, 3, 4), (2, 4, 5)),
+    einsum_case("bhqd,bhkd->bhqk", (2, 2, 3, 4), (2, 2, 5, 4)),  # attention scores as exporters write them
+    einsum_case("ij->ji", (3, 4)),
+    einsum_case("ij->i", (3, 4)),  # j only in the operand: broadcast back
+    einsum_case("ij,k->ik", (3, 4), (5,)),
+    einsum_case("ij,j->", (3, 4), (4,)),
+    einsum_case("ij->", (3, 4)),
+    einsum_case("ij,jk", (3, 4), (4, 5)),  # implicit output
+    einsum_case("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5)),
+    einsum_case("b i d, b j d -> b i j", (2, 3, 4), (2, 5, 4)),
+]
+
+
+@pytest.mark.parametrize("case", EINSUMS, ids=lambda c: c.attrs["equation"])
+def test_einsum(case: Case) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize("equation, shapes, reason", [("ii->i", [(3, 3)], "repeats"),
+                                                      ("ij,ij->i", [(3, 4), (1, 4)], "broadcasts")])
+def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reason) -> None:
+    model = case_model(einsum_case(equation, *shapes), np.float32)
+    with pytest.raises(ModelError, match=f"Einsum 'op'.*{reason}"):
+        build_training_graph(model, loss="sum", freeze=probes(model))
+
+
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + NORMS + POOLS + SHAPES
+    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + EINSUMS
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 

@@ -71,6 +71,19 @@ class SdpaSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
+class EinsumSelfAttention(CausalSelfAttention):
+    """The same attention with its products written as torch.einsum (exported as Einsum nodes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d // self.heads)
+        scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
+        y = torch.einsum("bhqk,bhkd->bqhd", scores.softmax(dim=-1), v)
+        return self.proj(y.reshape(b, t, d))
+
+
 class MhaSelfAttention(nn.Module):
     """Causal attention through nn.MultiheadAttention."""
 
@@ -202,6 +215,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gpt": Architecture(lambda: Gpt(CausalSelfAttention), _tokens, loss="mse"),
     "gpt_sdpa": Architecture(lambda: Gpt(SdpaSelfAttention), _tokens, loss="mse"),
     "gpt_mha": Architecture(lambda: Gpt(MhaSelfAttention), _tokens, loss="mse"),
+    "gpt_einsum": Architecture(lambda: Gpt(EinsumSelfAttention), _tokens, loss="mse"),
     "bert": Architecture(Bert, _tokens_and_padding),
     "lstm": Architecture(lambda: Recurrent(nn.LSTM), _sequence, loss="mse"),
     "gru": Architecture(lambda: Recurrent(nn.GRU, bidirectional=True), _sequence, loss="mse"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnx_remat.passes.autodiff.rules import activation, gather, linear, norm, pool, shape
+from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, shape
 from onnx_remat.passes.autodiff.rules import elementwise as ew
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
@@ -41,6 +41,7 @@ RULES: dict[str, Rule] = {
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),
+    "Einsum": Rule(einsum.einsum, None),
     "Conv": Rule(linear.conv, (0, 1, 2)),
     "ConvTranspose": Rule(linear.conv_transpose, (0, 1, 2)),
     # normalizations and softmaxes

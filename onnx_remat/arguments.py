@@ -1,4 +1,4 @@
-"""Argument types shared by the subcommands' parsers."""
+"""Argument types and option groups shared by the commands' parsers, so every command takes an option the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from onnx_remat.devices import PRESETS
 from onnx_remat.errors import UsageError
+from onnx_remat.options import COST_MODELS, LOSSES, MODES, SOLVERS, TrainingOptions
 
 LONGEST_SECONDS = 7 * 24 * 3600.0
 """A week: longer limits overflow the solvers' and timers' clocks."""
@@ -49,3 +51,59 @@ def check_not_mistyped_command(first: str, commands: Iterable[str]) -> None:
     close = difflib.get_close_matches(first, list(commands), n=1, cutoff=0.6)
     if close:
         raise UsageError(f"no command or file {first!r}: did you mean `onnx-remat {close[0]} ...`?")
+
+
+def solver_name(text: str) -> str:
+    """A --solver value: a backend's name or auto."""
+    if text not in SOLVERS:
+        raise argparse.ArgumentTypeError(f"unknown solver {text!r}: choose one of {', '.join(SOLVERS)}")
+    return text
+
+
+def add_mode_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """--mode and the options that turn a model into its train step, the same for every command that rewrites;
+    returns the train-mode group for a command's own train options."""
+    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
+    train = parser.add_argument_group("train mode")
+    train.add_argument("--loss", choices=LOSSES, default="mse", help="loss on the model's first output (default mse)")
+    train.add_argument("--freeze", action="append", default=[], metavar="PATTERN",
+                       help="exclude parameters matching this glob pattern from training (repeatable)")
+    train.add_argument("--optimizer", choices=("sgd",), default=None, help="put the update step in the graph")
+    train.add_argument("--lr", type=float, default=0.01, help="learning rate of --optimizer (default 0.01)")
+    return train
+
+
+def training_options(args: argparse.Namespace) -> TrainingOptions:
+    """The train-step options add_mode_options parsed."""
+    return TrainingOptions(args.loss, tuple(args.freeze), args.optimizer, args.lr)
+
+
+def add_solver_options(parser: argparse.ArgumentParser, time_limit: float, time_limit_help: str) -> None:
+    """--solver and --time-limit (whose default and meaning differ by command)."""
+    parser.add_argument("--solver", type=solver_name, default="auto",
+                        help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
+    parser.add_argument("--time-limit", type=seconds, default=time_limit, metavar="SECONDS",
+                        help=f"{time_limit_help} (default {time_limit:g})")
+
+
+def add_device_options(parser: argparse.ArgumentParser, budgets_help: str) -> None:
+    """--devices and --cost-model."""
+    parser.add_argument("--devices", metavar="FILE.toml|PRESET",
+                        help=f"the devices to place operators on: a device file or a preset ({', '.join(PRESETS)}); "
+                        f"default one onnxruntime CPU device; {budgets_help}")
+    parser.add_argument("--cost-model", choices=COST_MODELS,
+                        help="operator costs: analytic (roofline), profiled (each operator timed alone on every "
+                        "device) or in-graph (timed inside whole-model runs on every device); measured costs are "
+                        "cached; default profiled with several devices, else analytic")
+
+
+def add_input_shape_option(parser: argparse.ArgumentParser,
+                           help: str = "fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)") -> None:
+    """--input-shape NAME=DxDx..., repeatable."""
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx...", help=help)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """-q and --force."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output files")

@@ -20,12 +20,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from onnx_remat.arguments import check_not_mistyped_command, join_negative_values, seconds
+from onnx_remat.arguments import (
+    add_device_options,
+    add_input_shape_option,
+    add_mode_options,
+    add_output_options,
+    add_solver_options,
+    check_not_mistyped_command,
+    join_negative_values,
+    training_options,
+)
 from onnx_remat.budget import format_bytes
-from onnx_remat.devices import PRESETS
 from onnx_remat.errors import RematError, RematWarning, UsageError
 from onnx_remat.files import check_outputs, write_together
-from onnx_remat.options import COST_MODELS, DEFAULT_TIME_LIMIT, LOSSES, MODES, SOLVERS
+from onnx_remat.options import DEFAULT_TIME_LIMIT
 from onnx_remat.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
 
 if TYPE_CHECKING:
@@ -68,35 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory budget: bytes with an optional unit (512MiB, 1.5GB, 1073741824), "
         "a percentage of keep-all (25%%), or min; for every device, or per device as cpu=2GiB,gpu=25%%",
     )
-    parser.add_argument(
-        "--devices", metavar="FILE.toml|PRESET",
-        help="the devices to place operators on: a device file or a preset "
-        f"({', '.join(PRESETS)}); default one onnxruntime CPU device",
-    )
-    parser.add_argument(
-        "--cost-model", choices=COST_MODELS,
-        help="operator costs: analytic (roofline), profiled (each operator timed alone on every device) or "
-        "in-graph (timed inside whole-model runs on every device); measured costs are cached; "
-        "default profiled with several devices, else analytic",
-    )
-    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
-    train = parser.add_argument_group("train mode")
-    train.add_argument("--loss", choices=LOSSES, default="mse", help="loss on the model's first output (default mse)")
-    train.add_argument("--freeze", action="append", default=[], metavar="PATTERN",
-                       help="exclude parameters matching this glob pattern from training (repeatable)")
-    train.add_argument("--optimizer", choices=("sgd",), default=None, help="put the update step in the graph")
-    train.add_argument("--lr", type=float, default=0.01, help="learning rate of --optimizer (default 0.01)")
-    train.add_argument("--no-remat", action="store_true",
-                       help="write the training graph as it is, without scheduling or rewriting it")
-    parser.add_argument(
-        "--input-shape", action="append", default=[], metavar="NAME=DxDx...",
-        help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
-    )
-    parser.add_argument(
-        "--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)"
-    )
-    parser.add_argument("--time-limit", type=seconds, default=DEFAULT_TIME_LIMIT, metavar="SECONDS",
-                        help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})")
+    add_device_options(parser, "with several, --budget is for all or per device")
+    add_mode_options(parser).add_argument(
+        "--no-remat", action="store_true", help="write the training graph as it is, without scheduling or rewriting it")
+    add_input_shape_option(parser)
+    add_solver_options(parser, DEFAULT_TIME_LIMIT, "the whole command's time; the solver stops then with the best "
+                       "schedule found")
     parser.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     parser.add_argument("--emit-problem", metavar="FILE.json",
                         help="write the solver's problem as JSON before solving (onnx-remat solve reads it)")
@@ -116,8 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--netron-attachment", nargs="?", const="", metavar="FILE.json",
                         help="write a Netron attachment (per-node plan in Netron's sidebar); "
                         "without FILE beside the output as OUT.netron.json")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    add_output_options(parser)
     return parser
 
 
@@ -169,14 +153,10 @@ def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, run the pipeline, write model and report."""
     from onnx_remat.model_files import data_file, has_external_data
     from onnx_remat.netron import default_path
-    from onnx_remat.pipeline import TrainingOptions, prepare, remat
+    from onnx_remat.pipeline import prepare, remat
 
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise UsageError("--time-limit must be a positive number of seconds")
-    if args.solver not in SOLVERS:
-        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     shapes = parse_input_shapes(args.input_shape)
-    training = TrainingOptions(args.loss, tuple(args.freeze), args.optimizer, args.lr)
+    training = training_options(args)
     if args.no_remat and args.mode != "train":
         raise UsageError("--no-remat writes the training graph: use it with --mode train")
     if args.budget is None and args.devices is None and not args.no_remat:

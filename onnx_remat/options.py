@@ -2,6 +2,8 @@
 its parsers (and answers --help) without loading onnx, a runtime or a solver. The modules that take these options
 import them from here."""
 
+from dataclasses import dataclass
+
 MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
@@ -24,3 +26,13 @@ DEFAULT_MAX_BATCH = 4096
 """The largest batch the max-batch search tries (onnx_remat.batch)."""
 DEFAULT_REPEATS = 10
 """Timed runs of a model on its devices, after a warm-up (onnx_remat.execution)."""
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How to turn an inference model into a train step: loss, frozen parameters, optimizer."""
+
+    loss: str = "mse"
+    freeze: tuple[str, ...] = ()
+    optimizer: str | None = None
+    lr: float = 0.01

@@ -16,7 +16,14 @@ from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, Us
 from onnx_remat.files import check_outputs, write_together
 from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
-from onnx_remat.options import COST_MODELS, DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS, MODES
+from onnx_remat.options import (
+    COST_MODELS,
+    DEFAULT_TIME_LIMIT,
+    LAST_SECONDS,
+    MINIMUM_SECONDS,
+    MODES,
+    TrainingOptions,
+)
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
@@ -68,16 +75,6 @@ class RematResult:
         files = model_files(self.model, path, self.external_data)
         check_outputs(list(files), None, force)
         write_together(files)
-
-
-@dataclass(frozen=True)
-class TrainingOptions:
-    """How to turn an inference model into a train step: loss, frozen parameters, optimizer."""
-
-    loss: str = "mse"
-    freeze: tuple[str, ...] = ()
-    optimizer: str | None = None
-    lr: float = 0.01
 
 
 @dataclass(frozen=True)

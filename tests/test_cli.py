@@ -15,7 +15,9 @@ import pytest
 from conftest import conv_chain
 from onnx import TensorProto
 
-from onnx_remat.cli import main
+from onnx_remat.arguments import training_options
+from onnx_remat.cli import command_module, main
+from onnx_remat.options import TrainingOptions
 from onnx_remat.passes.execute import random_feeds, run
 
 
@@ -104,7 +106,6 @@ def test_symbolic_model_runs_with_input_shape(capsys, tmp_path):
     ("extra", "code", "pattern"),
     [
         (["--budget", "lots"], 2, "cannot read budget"),
-        (["--budget", "50%", "--solver", "gurobi"], 2, "unknown solver 'gurobi'"),
         (["--budget", "50%", "--input-shape", "input=1xAx3"], 2, "cannot read --input-shape"),
         (["--budget", "1KiB"], 4, r"minimum feasible budget .* \(\d+ bytes"),
         (["--budget", "-5%"], 2, "budget '-5%' is negative"),
@@ -272,6 +273,23 @@ def test_bad_training_models_exit_3_without_output(capsys, tmp_path, case, patte
 def test_no_remat_needs_train_mode(capsys, chain_path, tmp_path):
     code, err = run_cli(capsys, chain_path, tmp_path / "out.onnx", "--no-remat")
     assert code == 2 and "--mode train" in err
+
+
+@pytest.mark.parametrize("command", [[], ["sweep"], ["max-batch"], ["solve"]])
+def test_an_unknown_solver_exits_2_naming_the_choices(capsys, chain_path, tmp_path, command):
+    with pytest.raises(SystemExit) as info:
+        main([*command, str(chain_path), str(tmp_path / "out.onnx"), "--budget", "50%", "--solver", "gurobi"])
+    assert info.value.code == 2
+    assert "unknown solver 'gurobi': choose one of auto, highs, cbc, cpsat" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["sweep"], ["max-batch"]])
+def test_sweep_and_max_batch_take_the_train_step_options(command):
+    """A train-mode sweep used MSE whatever the user wanted: the options were not there to give."""
+    args = command_module(command[0]).build_parser().parse_args(
+        ["m.onnx", "--budget", "1GiB", "--mode", "train", "--loss", "cross-entropy", "--freeze", "w*",
+         "--optimizer", "sgd", "--lr", "0.5"])
+    assert training_options(args) == TrainingOptions("cross-entropy", ("w*",), "sgd", 0.5)
 
 
 @pytest.mark.parametrize("command", [[], ["sweep"], ["max-batch"], ["solve"]])

@@ -60,7 +60,6 @@ def test_bad_input_exit_codes(capsys, tmp_path: Path):
     path = chain_file(tmp_path)
     (tmp_path / "bad.json").write_text("[]")
     assert run_cli(capsys, tmp_path / "bad.json")[0] == 3
-    assert run_cli(capsys, path, "--solver", "gurobi")[0] == 2
     assert run_cli(capsys, path, "--budget", "nodevice=1MiB")[0] == 2
     code, err = run_cli(capsys, path, "--budget", "10B")
     assert code == 4 and "below" in err

@@ -9,12 +9,18 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_remat.arguments import seconds
+from onnx_remat.arguments import (
+    add_input_shape_option,
+    add_mode_options,
+    add_output_options,
+    add_solver_options,
+    training_options,
+)
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_MAX_BATCH, MODES, SOLVERS
+from onnx_remat.options import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
     from onnx_remat.batch import BatchTrial, MaxBatch
@@ -31,14 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("input", help="the ONNX model, with a symbolic batch dimension")
     parser.add_argument("--budget", required=True, help="memory budget in bytes with an optional unit (4GiB)")
-    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
-    parser.add_argument(
-        "--input-shape",
-        action="append",
-        default=[],
-        metavar="NAME=BxDx...",
-        help="fix an input's other symbolic dimensions; its first dimension is the batch to start from (repeatable)",
-    )
+    add_mode_options(parser)
+    add_input_shape_option(parser, "fix an input's other symbolic dimensions; its first dimension is the batch to "
+                           "start from (repeatable)")
     parser.add_argument(
         "--max-batch",
         type=int,
@@ -46,20 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"largest batch to try (default {DEFAULT_MAX_BATCH})",
     )
-    parser.add_argument(
-        "--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)"
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=seconds,
-        default=DEFAULT_TIME_LIMIT,
-        metavar="SECONDS",
-        help=f"solver time limit per batch tried (default {DEFAULT_TIME_LIMIT:g})",
-    )
+    add_solver_options(parser, DEFAULT_TIME_LIMIT, "seconds each batch tried may take")
     parser.add_argument("-o", "--output", metavar="OUT.onnx", help="write the rewritten model at the largest batch")
     parser.add_argument("--report", metavar="FILE.json", help="write the report of the largest batch as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    add_output_options(parser)
     return parser
 
 
@@ -88,6 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             args.input,
             budget.absolute_bytes,
             mode=args.mode,
+            training=training_options(args),
             input_shapes=shapes,
             solver=args.solver,
             time_limit=args.time_limit,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from rich.console import Console
 
+from onnx_remat.arguments import add_output_options
 from onnx_remat.budget import format_bytes
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import OverBudgetError, UsageError
@@ -51,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--outputs", metavar="OUT.npz", help="write the graph outputs by name")
     parser.add_argument("--check", action="store_true",
                         help="also run the whole model in onnxruntime on the CPU and print the largest difference")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing --outputs file")
+    add_output_options(parser)
     return parser
 
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from onnx_remat.arguments import seconds
+from onnx_remat.arguments import add_output_options, add_solver_options
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS, SOLVERS
+from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
@@ -39,22 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
         "and compare the schedule with the baselines.",
     )
     parser.add_argument("problem", help="the problem file (JSON)")
-    parser.add_argument("--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
-    parser.add_argument(
-        "--time-limit",
-        type=seconds,
-        default=DEFAULT_TIME_LIMIT,
-        metavar="SECONDS",
-        help=f"stop the solver then, using the best schedule found (default {DEFAULT_TIME_LIMIT:g})",
-    )
+    add_solver_options(parser, DEFAULT_TIME_LIMIT, "the whole command's time; the solver stops then with the best "
+                       "schedule found")
     parser.add_argument(
         "--budget",
         help="override the file's budgets: one budget for every device (512MiB, 25%% of the device's keep-all, "
         "min) or per device as NAME=B,NAME=B",
     )
     parser.add_argument("--report", metavar="FILE.json", help="write status, bound, baselines and the schedule as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing report")
+    add_output_options(parser)
     return parser
 
 
@@ -62,8 +55,6 @@ def run(args: argparse.Namespace, console: Console) -> None:
     """Read the problem, set the budgets, solve with live progress, print the comparison, write the report."""
     from onnx_remat.passes.solve import solve
 
-    if args.solver not in SOLVERS:
-        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.report:
         check_outputs([args.report], args.problem, args.force)
     started = time.perf_counter()

@@ -11,13 +11,19 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_remat.arguments import seconds
+from onnx_remat.arguments import (
+    add_device_options,
+    add_input_shape_option,
+    add_mode_options,
+    add_output_options,
+    add_solver_options,
+    training_options,
+)
 from onnx_remat.budget import format_bytes
 from onnx_remat.cli import parse_input_shapes
-from onnx_remat.devices import PRESETS
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import COST_MODELS, DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, MODES, SOLVERS
+from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD
 
 if TYPE_CHECKING:
     from onnx_remat.sweep import Sweep
@@ -38,33 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUDGETS,
         help=f"comma-separated budgets, each as --budget takes it (default {DEFAULT_BUDGETS.replace('%', '%%')})",
     )
-    parser.add_argument("--mode", choices=MODES, default="infer", help="infer (default) or train")
-    parser.add_argument(
-        "--input-shape",
-        action="append",
-        default=[],
-        metavar="NAME=DxDx...",
-        help="fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)",
-    )
-    parser.add_argument("--solver", default="auto", help=f"solver backend: {', '.join(SOLVERS)} (default auto)")
-    parser.add_argument(
-        "--devices",
-        metavar="FILE.toml|PRESET",
-        help=f"the devices to place operators on: a device file or a preset ({', '.join(PRESETS)}); "
-        "each budget then applies to every device",
-    )
-    parser.add_argument(
-        "--cost-model",
-        choices=COST_MODELS,
-        help="operator costs: analytic, profiled or in-graph (default profiled with several devices, else analytic)",
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=seconds,
-        default=DEFAULT_TIME_LIMIT,
-        metavar="SECONDS",
-        help=f"solver time limit per budget (default {DEFAULT_TIME_LIMIT:g})",
-    )
+    add_mode_options(parser)
+    add_input_shape_option(parser)
+    add_solver_options(parser, DEFAULT_TIME_LIMIT, "seconds each budget may take")
+    add_device_options(parser, "each budget then applies to every device")
     parser.add_argument(
         "--measure",
         action="store_true",
@@ -80,8 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--plot", metavar="FILE.png|svg", help="draw time and peak against budget, knee marked")
     parser.add_argument("--json", metavar="FILE.json", help="write every point of the sweep as JSON")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--force", action="store_true", help="overwrite existing output files")
+    add_output_options(parser)
     return parser
 
 
@@ -90,8 +72,6 @@ def run(args: argparse.Namespace, console: Console) -> None:
     from onnx_remat.plot import plot_sweep
     from onnx_remat.sweep import parse_budgets, sweep
 
-    if args.solver not in SOLVERS:
-        raise UsageError(f"unknown solver {args.solver!r}: choose one of {', '.join(SOLVERS)}")
     if args.knee_overhead < 0:
         raise UsageError("--knee-overhead must be a percentage of at least 0")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
@@ -104,6 +84,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             args.input,
             budgets,
             mode=args.mode,
+            training=training_options(args),
             input_shapes=shapes,
             solver=args.solver,
             time_limit=args.time_limit,

@@ -417,6 +417,11 @@ POOLS = [
     Case("ReduceSum", [rand(2, 3, 4)], lambda x: x.sum(), {"keepdims": 0}),
     Case("ReduceMean", [rand(2, 3, 4), ints(0, -1)], lambda x, a: x.mean((0, 2), keepdim=True), opset=18),
     Case("ReduceMean", [rand(2, 3, 4), ints(1)], lambda x, a: x.mean(1), {"keepdims": 0}, opset=20),
+    Case("ReduceMax", [rand(2, 3, 4)], lambda x: x.amax(1), {"axes": [1], "keepdims": 0}),
+    Case("ReduceMax", [rand(2, 3, 4), ints(0, -1)], lambda x, a: x.amax((0, 2), keepdim=True), opset=18),
+    # Ties share the gradient evenly, as torch.amax does (not differentiable there: no finite differences).
+    Case("ReduceMax", [np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])], lambda x: x.amax(1), {"axes": [1], "keepdims": 0},
+         finite_differences=False),
 ]
 
 
@@ -430,6 +435,8 @@ def test_pool(case: Case) -> None:
 SHAPES = [
     Case("Flatten", [rand(2, 3, 4, 5)], lambda x: x.flatten(0, 1).flatten(1), {"axis": 2}),
     Case("Reshape", [rand(2, 3, 4), ints(4, -1)], lambda x, s: x.reshape(4, -1)),
+    Case("Trilu", [rand(3, 4)], lambda x: x.triu()),
+    Case("Trilu", [rand(2, 3, 4), np.array(1)], lambda x, k: x.tril(1), {"upper": 0}),
     Case("Transpose", [rand(2, 3, 4)], lambda x: x.permute(2, 0, 1), {"perm": [2, 0, 1]}),
     Case("Transpose", [rand(2, 3, 4)], lambda x: x.permute(2, 1, 0)),
     Case("Squeeze", [rand(2, 1, 4), ints(1)], lambda x, a: x.squeeze(1)),

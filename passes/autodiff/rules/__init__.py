@@ -56,9 +56,11 @@ RULES: dict[str, Rule] = {
     "GlobalAveragePool": Rule(pool.global_average_pool),
     "ReduceMean": Rule(pool.reduce_mean),
     "ReduceSum": Rule(pool.reduce_sum),
+    "ReduceMax": Rule(pool.reduce_max),
     # data movement
     "Reshape": Rule(shape.reshape_back),
     "Flatten": Rule(shape.reshape_back),
+    "Trilu": Rule(shape.trilu),
     "Squeeze": Rule(shape.reshape_back),
     "Unsqueeze": Rule(shape.reshape_back),
     "Transpose": Rule(shape.transpose),

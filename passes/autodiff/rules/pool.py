@@ -99,3 +99,18 @@ def reduce_mean(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> d
 def reduce_sum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dy broadcast over the reduced axes."""
     return {0: _unreduce(e, node, dys[0], mean=False)}
+
+
+def reduce_max(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """dy shared evenly among the elements equal to the maximum (as torch.amax), zero elsewhere."""
+    x, y = node.input[0], node.output[0]
+    axes = _reduced_axes(e, node)
+    if axes is None:
+        return {0: dys[0]}
+    shape = e.info.shape(x)
+    kept = [1 if a in axes else d for a, d in enumerate(shape)]
+    peak = y if attr(node, "keepdims", 1) else e.reshape(y, kept)
+    hits = e.op("Cast", e.op("Equal", x, peak), to=e.info.dtype(x))
+    ties = e.reduce_sum(hits, axes, keepdims=True)
+    share = e.op("Div", _unreduce(e, node, dys[0], mean=False), ties)
+    return {0: e.op("Mul", hits, share)}

@@ -21,6 +21,11 @@ def reshape_back(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> 
     return {0: e.reshape(dys[0], e.info.shape(node.input[0]))}
 
 
+def trilu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+    """Trilu keeps a triangle and zeroes the rest: dy through the same Trilu (same k and upper)."""
+    return {0: e.op("Trilu", dys[0], *node.input[1:2], upper=attr(node, "upper", 1))}
+
+
 def transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Transpose dy by the inverse permutation."""
     rank = len(e.info.shape(node.input[0]))

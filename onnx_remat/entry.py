@@ -14,7 +14,13 @@ import signal
 import sys
 from typing import NoReturn
 
-from onnx_remat.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
+from onnx_remat.signals import (
+    INTERRUPTED_CODE,
+    INTERRUPTED_MESSAGE,
+    Terminated,
+    ignore_signals,
+    terminated_on_signals,
+)
 
 HEAVY_MODULES = {"solve": ("onnx_remat.passes.solve",), "run": ("onnx_remat.execution",)}
 """What each subcommand loads that holds native extensions; the main command and the others load the pipeline."""
@@ -32,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             from onnx_remat.cli import main as run_command
 
             code = run_command(argv)
+            if code == 0:
+                ignore_signals()
     except KeyboardInterrupt:
         _stop(INTERRUPTED_MESSAGE, INTERRUPTED_CODE)
     except Terminated as stop:

@@ -35,11 +35,21 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 @contextmanager
 def terminated_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into `Terminated` while the block runs (main thread only, as signals require)."""
+    """Turn SIGTERM and SIGHUP into `Terminated` while the block runs (main thread only, as signals require); on the
+    way out the earlier handlers come back, unless the block set others (`ignore_signals`)."""
     names = [signal.SIGTERM, signal.SIGHUP] if hasattr(signal, "SIGHUP") else [signal.SIGTERM]
     previous = {signum: signal.signal(signum, _raise_terminated) for signum in names}
     try:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) is _raise_terminated:
+                signal.signal(signum, handler)
+
+
+def ignore_signals() -> None:
+    """Ignore SIGINT, SIGTERM and SIGHUP from now on: a finished command's outputs are written, and a signal during
+    the interpreter's shutdown would only turn its exit code into the signal's."""
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)

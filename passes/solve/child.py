@@ -23,8 +23,9 @@ from pathlib import Path
 
 from onnx_remat.errors import SolverError
 
-GRACE = 1.0
-"""Seconds a worker has, after SIGINT, to write its answer and exit before it is killed."""
+GRACE = 5.0
+"""Seconds a worker has, after SIGINT, to write its answer and exit before it is killed: it usually takes well under
+one, but on a loaded machine CP-SAT took over one to stop and the best schedule found was lost."""
 
 PR_SET_PDEATHSIG = 1
 """prctl option: the signal the kernel sends a process when the thread that started it exits."""

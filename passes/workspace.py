@@ -36,8 +36,8 @@ PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's 
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
 VARIADIC_OPS = frozenset({"Sum", "Mean", "Max", "Min"})
-RECURRENT_GATES = {"LSTM": (4, 4), "GRU": (3, 2)}
-"""Per recurrent op: gate pre-activations per hidden unit, and state buffers of rows x hidden, per direction."""
+RECURRENT_GATES = {"LSTM": 4, "GRU": 3}
+"""Per recurrent op: gate pre-activations per hidden unit and step, per direction."""
 
 
 def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int = 1) -> int:
@@ -67,9 +67,18 @@ def _recurrent_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int
     steps, rows, features = (x[1], x[0], x[2]) if attrs.get("layout", 0) else (x[0], x[1], x[2])
     hidden = attrs["hidden_size"]
     directions = 2 if attrs.get("direction", b"forward") == b"bidirectional" else 1
-    gates, state_rows = RECURRENT_GATES[node.op_type]
-    per_direction = gates * hidden * rows * steps + state_rows * hidden * rows
+    per_direction = (RECURRENT_GATES[node.op_type] * steps + _state_buffers(node, attrs)) * hidden * rows
     return directions * per_direction + (directions - 1) * steps * rows * (features + hidden)
+
+
+def _state_buffers(node: onnx.NodeProto, attrs: dict) -> int:
+    """Buffers of rows x hidden per direction: an LSTM's states and their copies; a GRU's states, its biases
+    repeated per row (four with linear_before_reset, else three) and, with linear_before_reset, the linear output."""
+    if node.op_type == "LSTM":
+        return 4
+    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
+    biases = (4 if linear_before_reset else 3) if len(node.input) > 3 and node.input[3] else 0
+    return 2 + biases + linear_before_reset
 
 
 def _conv_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int) -> int:

@@ -242,9 +242,12 @@ def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     return module.eval(), ARCHITECTURES[name].inputs()
 
 
-def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | None = None) -> Path:
+def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | None = None,
+           training: bool = False) -> Path:
     """Export the architecture to `path` with BatchNorm kept as a node (the dynamo exporter may write
-    `path.data` beside it for the weights); `batch` repeats the example inputs to that many rows."""
+    `path.data` beside it for the weights); `batch` repeats the example inputs to that many rows. For `training`
+    the dynamo exporter's optimizer is off: it lifts constants (scales, mask fills) into initializers, which a
+    training step would train, and stores weights transposed or packed under new names."""
     module, inputs = make(name, seed)
     if batch is not None:
         inputs = tuple(t.repeat(-(-batch // len(t)), *[1] * (t.dim() - 1))[:batch] for t in inputs)
@@ -258,6 +261,6 @@ def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | Non
             # The dynamo exporter's optimizer fuses BatchNorm into Conv whatever the module's mode.
             batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
             program = torch.onnx.export(module, inputs, dynamo=True, input_names=names, output_names=["output"],
-                                        optimize=not batch_norm, verbose=False)
+                                        optimize=not (batch_norm or training), verbose=False)
             program.save(str(path), external_data=True)
     return path

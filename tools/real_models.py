@@ -54,6 +54,8 @@ class Outcome:
     prepare_seconds: float | None = None
     gradient_error: float | None = None
     gradients_compared: int = 0
+    gradients_written: int = 0
+    """Gradients the training step writes: each must be of a module parameter, compared with autograd."""
     gradient_precision: str = "float32"
     torch_float32_error: float | None = None
     """PyTorch's own float32 gradients against its float64 ones: how ill-conditioned the model is."""
@@ -77,6 +79,9 @@ class Outcome:
         allowed = self.allowed_gradient_error()
         if self.gradient_error is not None and self.gradient_error > allowed:
             found.append(f"gradients differ from autograd by {self.gradient_error:.1e} (allowed {allowed:.1e})")
+        if self.gradients_compared < self.gradients_written:
+            found.append(f"{self.gradients_written - self.gradients_compared} of {self.gradients_written} gradients "
+                         "are of no module parameter")
         if self.train_difference is not None and self.train_difference > OUTPUT_TOLERANCE:
             found.append(f"rewritten training step differs by {self.train_difference:.1e}")
         return found
@@ -199,6 +204,7 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
     errors = gradient_errors(built, loss, grads)
     outcome.gradient_error = max(errors)
     outcome.gradients_compared = len(errors) - 1
+    outcome.gradients_written = sum(k.startswith(GRAD_PREFIX) for k in built)
     torch_loss, torch_grads = torch_gradients(name, feeds["label"], torch.float32)
     outcome.torch_float32_error = max(gradient_errors(
         {"loss": np.array(torch_loss), **{GRAD_PREFIX + k: v for k, v in torch_grads.items()}}, loss, grads))
@@ -227,9 +233,10 @@ def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> O
     model = onnx.load(str(path), load_external_data=False)
     outcome.opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     outcome.nodes = len(model.graph.node)
-    for stage in (check_inference, check_training):
+    training_path = export(name, exporter, folder / f"{name}.{exporter}.train.onnx", training=True)
+    for stage, model_path in ((check_inference, path), (check_training, training_path)):
         try:
-            stage(name, path, outcome, time_limit)
+            stage(name, model_path, outcome, time_limit)
         except RematError as exc:
             outcome.errors.append(f"{stage.__name__.removeprefix('check_')}: {exc}")
     return outcome

@@ -235,20 +235,18 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
 def _without_dead_instances(
     nodes: list[NodeProto], graph_outputs: set[str], origin: dict[str, str], needed: set[str]
 ) -> list[NodeProto]:
-    """`nodes` less, until none is left, the copies whose output no node reads and no graph output is (a copy
-    moves every tensor of an operator, some of which the target may not need), and the nodes of an operator
-    instance whose every output goes unread while another node of the instance is read and the source model
-    reads the original tensors: a conv gradient recomputed for its input gradient loses its weight-gradient
-    nodes. onnxruntime would hold their outputs until the run ends, which the problem (an instance's outputs
-    freed when the schedule frees them) does not count. An instance nobody reads at all is the schedule's
-    choice and stays."""
+    """`nodes` less, until none is left, the nodes whose every output goes unread where the source model reads it,
+    if a copy, a recomputation, or part of an instance another node of which is read: a copy moving a tensor the
+    target does not need, the weight-gradient nodes of a conv gradient recomputed for its input gradient, and then
+    a recomputation only those read (an LSTM training step held 2 MiB of them at its peak). onnxruntime would hold
+    their outputs until the run ends, which the problem (an instance's outputs freed when the schedule frees them)
+    does not count. A first computation nobody reads at all is the schedule's choice and stays."""
     while True:
         read = {name for node in nodes for name in reads(node)} | graph_outputs
         dead = [_dead(node, read, origin, needed) for node in nodes]
-        serving = {_meta(node, "step") for node, d in zip(nodes, dead, strict=True)
-                   if not d and _meta(node, "role") != "copy"}
+        serving = {_meta(node, "step") for node, d in zip(nodes, dead, strict=True) if not d}
         kept = [node for node, d in zip(nodes, dead, strict=True)
-                if not d or (_meta(node, "role") != "copy" and _meta(node, "step") not in serving)]
+                if not d or (_meta(node, "role") not in ("copy", "recompute") and _meta(node, "step") not in serving)]
         if len(kept) == len(nodes):
             return nodes
         nodes = kept

@@ -72,10 +72,11 @@ def _recurrent_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int
 
 
 def _state_buffers(node: onnx.NodeProto, attrs: dict) -> int:
-    """Buffers of rows x hidden per direction: an LSTM's states and their copies; a GRU's states, its biases
+    """Buffers of rows x hidden per direction: an LSTM's initial hidden state, previous and clipped cell states; a
+    GRU's states, its biases
     repeated per row (four with linear_before_reset, else three) and, with linear_before_reset, the linear output."""
     if node.op_type == "LSTM":
-        return 4
+        return 3
     linear_before_reset = bool(attrs.get("linear_before_reset", 0))
     biases = (4 if linear_before_reset else 3) if len(node.input) > 3 and node.input[3] else 0
     return 2 + biases + linear_before_reset

@@ -236,20 +236,29 @@ def _without_dead_instances(
     nodes: list[NodeProto], graph_outputs: set[str], origin: dict[str, str], needed: set[str]
 ) -> list[NodeProto]:
     """`nodes` less, until none is left, the nodes whose every output goes unread where the source model reads it,
-    if a copy, a recomputation, or part of an instance another node of which is read: a copy moving a tensor the
-    target does not need, the weight-gradient nodes of a conv gradient recomputed for its input gradient, and then
-    a recomputation only those read (an LSTM training step held 2 MiB of them at its peak). onnxruntime would hold
+    if a copy, a recomputation, or part of an instance another instance reads: a copy moving a tensor the target
+    does not need, the weight-gradient nodes of a conv gradient recomputed for its input gradient, and then a
+    recomputation only those read (an LSTM training step held 2 MiB of them at its peak). onnxruntime would hold
     their outputs until the run ends, which the problem (an instance's outputs freed when the schedule frees them)
-    does not count. A first computation nobody reads at all is the schedule's choice and stays."""
+    does not count. A first computation no other instance reads is the schedule's choice and stays whole."""
+    serving = _serving_steps(nodes, graph_outputs)
     while True:
         read = {name for node in nodes for name in reads(node)} | graph_outputs
-        dead = [_dead(node, read, origin, needed) for node in nodes]
-        serving = {_meta(node, "step") for node, d in zip(nodes, dead, strict=True) if not d}
-        kept = [node for node, d in zip(nodes, dead, strict=True)
-                if not d or (_meta(node, "role") not in ("copy", "recompute") and _meta(node, "step") not in serving)]
+        kept = [node for node in nodes if not _dead(node, read, origin, needed)
+                or (_meta(node, "role") not in ("copy", "recompute") and _meta(node, "step") not in serving)]
         if len(kept) == len(nodes):
             return nodes
         nodes = kept
+
+
+def _serving_steps(nodes: list[NodeProto], graph_outputs: set[str]) -> set[str | None]:
+    """The steps of the instances some other instance reads or whose output the graph returns."""
+    step_of = {name: _meta(node, "step") for node in nodes for name in node.output if name}
+    serving = {step_of[name] for name in graph_outputs if name in step_of}
+    for node in nodes:
+        step = _meta(node, "step")
+        serving |= {step_of[name] for name in reads(node) if name in step_of and step_of[name] != step}
+    return serving
 
 
 def _dead(node: NodeProto, read: set[str], origin: dict[str, str], needed: set[str]) -> bool:

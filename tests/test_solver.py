@@ -18,6 +18,7 @@ from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import BACKENDS, SOLVERS, solve
+from onnx_remat.passes.solve.backend import MilpOutcome
 from onnx_remat.passes.solve.baselines import (
     BASELINES,
     best_baseline,
@@ -26,7 +27,7 @@ from onnx_remat.passes.solve.baselines import (
     keep_all,
     segmentations,
 )
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, build_model
+from onnx_remat.passes.solve.checkmate_milp import build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload

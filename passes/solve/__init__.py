@@ -24,14 +24,10 @@ from typing import NoReturn
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
 from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress
 from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
-from onnx_remat.passes.solve.checkmate_milp import (
-    CheckmateModel,
-    MilpOutcome,
-    MilpProgress,
-    build_model,
-    solve_cbc,
-)
+from onnx_remat.passes.solve.cbc import solve_cbc
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -43,8 +39,9 @@ from onnx_remat.schedule import Schedule
 Progress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
-BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
-"""Backend name (the SOLVERS but "auto") -> the function that runs it."""
+BACKENDS: dict[str, Backend] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
+"""Backend name -> the function that runs it (its module in this package). onnx_remat.options.SOLVERS, which the
+command line offers without loading any solver, lists the same names after "auto" (tests/test_startup.py checks)."""
 
 MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_remat.errors import SolverError
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SparseMilp
 from onnx_remat.passes.solve.child import run_worker
 
 OBJECTIVE_STEPS = 1e7

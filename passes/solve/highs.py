@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_remat.passes.solve import highs_worker
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SparseMilp
 from onnx_remat.passes.solve.child import run_worker
 
 WORKER = Path(highs_worker.__file__)

@@ -51,7 +51,7 @@ def quiet_highs() -> highspy.Highs:
 
 
 def model_arrays(milp: object) -> dict[str, np.ndarray]:
-    """The arrays of a SparseMilp (checkmate_milp.py) that `run` solves: costs, bounds, integrality and the
+    """The arrays of a SparseMilp (backend.py) that `run` solves: costs, bounds, integrality and the
     matrix column-wise."""
     matrix = milp.matrix.tocsc()
     return {

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnx_remat.passes.solve.checkmate_milp import MilpBuilder, SparseMilp
+from onnx_remat.passes.solve.backend import SparseMilp
+from onnx_remat.passes.solve.checkmate_milp import MilpBuilder
 from onnx_remat.passes.solve.highs_worker import model_arrays, run
 from onnx_remat.passes.solve.min_budget import step_bytes
 from onnx_remat.problem import Problem

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve.backend import MilpOutcome
 from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
-from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, MilpOutcome, PeakRange, build_model
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem

@@ -39,6 +39,7 @@ from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
+from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import write_mps
 from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_lower_bound
 from onnx_remat.passes.workspace import workspace_bytes
@@ -254,7 +255,7 @@ def faster_by_running(
         return result, choice
     objective = check_schedule(problem, schedule).total_cost
     gap = (objective - result.bound) / objective if objective > 0 else 0.0
-    return replace(result, schedule=schedule, objective=objective, gap=gap, status="measured"), choice
+    return replace(result, schedule=schedule, objective=objective, gap=gap, status=SolveStatus.MEASURED), choice
 
 
 def _label(problem: Problem, schedule: Schedule) -> str:

@@ -18,7 +18,7 @@ from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import BACKENDS, SOLVERS, solve
-from onnx_remat.passes.solve.backend import MilpOutcome
+from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     BASELINES,
     best_baseline,
@@ -256,7 +256,7 @@ def test_unknown_solver_names_the_valid_ones():
 
 def test_no_incumbent_falls_back_to_the_best_baseline(monkeypatch):
     problem = with_budget(training_chain(4), 10**6)
-    monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, "time_limit", None))
+    monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, SolveStatus.TIME_LIMIT, None))
     monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing
     result = solve_module.solve(problem)
     name, schedule = best_baseline(problem)
@@ -370,7 +370,7 @@ def test_stop_before_the_milp_returns_the_warm_start(monkeypatch):
 
     def interrupted(*args, stop, **kwargs):
         stop.set()
-        return MilpOutcome(None, "interrupted", None)
+        return MilpOutcome(None, SolveStatus.INTERRUPTED, None)
 
     monkeypatch.setitem(BACKENDS, "highs", interrupted)
     monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing

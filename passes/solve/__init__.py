@@ -24,7 +24,7 @@ from typing import NoReturn
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress
+from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
 from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
 from onnx_remat.passes.solve.cbc import solve_cbc
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
@@ -88,11 +88,11 @@ def choose_backend(problem: Problem) -> str:
 
 @dataclass(frozen=True)
 class SolveResult:
-    """A checked schedule, how the solver ended ("optimal", "time_limit", "heuristic"; the pipeline's pick by running
-    sets "measured") and its bound."""
+    """A checked schedule, how the solve ended (OPTIMAL, TIME_LIMIT, HEURISTIC or INTERRUPTED; the pipeline's pick
+    by running sets MEASURED) and its bound."""
 
     schedule: Schedule
-    status: str
+    status: SolveStatus
     objective: float
     bound: float
     gap: float
@@ -134,11 +134,11 @@ def solve(
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
         if _proven(problem, incumbent, cut_bound):
-            schedule, status, bound = incumbent, "optimal", cut_bound
+            schedule, status, bound = incumbent, SolveStatus.OPTIMAL, cut_bound
         else:
             schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
-    if status == "interrupted" and timed_out.is_set():
-        status = "time_limit" if schedule is not incumbent else "heuristic"
+    if status == SolveStatus.INTERRUPTED and timed_out.is_set():
+        status = SolveStatus.TIME_LIMIT if schedule is not incumbent else SolveStatus.HEURISTIC
     if schedule is None:
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
@@ -224,9 +224,9 @@ def _solve_frontier(
     `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
     """
     if stop.is_set():
-        return incumbent, "interrupted", None
+        return incumbent, SolveStatus.INTERRUPTED, None
     if problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS:
-        return incumbent, "heuristic", None
+        return incumbent, SolveStatus.HEURISTIC, None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
     remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
@@ -292,8 +292,8 @@ def _pick(
         if incumbent is None or _cost(problem, schedule) <= _cost(problem, incumbent):
             return schedule, outcome.status
         return incumbent, outcome.status
-    unsolved = outcome.status != "interrupted" and incumbent is not None
-    return incumbent, "heuristic" if unsolved else outcome.status
+    unsolved = outcome.status != SolveStatus.INTERRUPTED and incumbent is not None
+    return incumbent, SolveStatus.HEURISTIC if unsolved else outcome.status
 
 
 def _fits(problem: Problem, schedule: Schedule) -> bool:
@@ -308,9 +308,9 @@ def _cost(problem: Problem, schedule: Schedule) -> float:
 
 def _no_schedule(problem: Problem, status: str) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
-    if status == "interrupted":
+    if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
-    if status != "infeasible":
+    if status != SolveStatus.INFEASIBLE:
         raise SolverError(
             "the solver found no schedule within the time limit and no baseline fits the budget: "
             "raise --time-limit or the budget"

@@ -1,4 +1,4 @@
-"""What a MILP backend is: the sparse model it is handed, the outcome it returns.
+"""What a MILP backend is: the sparse model it is handed, the outcome it returns, the statuses a solve ends in.
 
 A backend is a function of the `Backend` protocol; each lives in its own module (highs.py, cbc.py, cpsat.py) and
 is registered by one line in BACKENDS (passes/solve/__init__.py). Backends see no Problem and no Schedule: only a
@@ -10,10 +10,32 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
 from scipy import sparse
+
+
+class SolveStatus(StrEnum):
+    """How a backend run or a whole solve ended. The values are what reports, JSON and the worker scripts write."""
+
+    OPTIMAL = "optimal"
+    """Proven optimal within the gaps asked for."""
+    TIME_LIMIT = "time_limit"
+    """The time limit ran out before optimality was proven: the best solution found."""
+    HEURISTIC = "heuristic"
+    """A heuristic's schedule (a baseline, the eviction heuristic, Chen's segments, a hint): the MILP was too large
+    to build, or its backend returned no solution in time."""
+    INTERRUPTED = "interrupted"
+    """Stopped by Ctrl-C (the stop event): the best solution found so far."""
+    INFEASIBLE = "infeasible"
+    """Proven that no schedule fits the budgets: a backend's answer, and a sweep point's at such a budget (a solve
+    raises InfeasibleBudgetError instead)."""
+    MEASURED = "measured"
+    """Set by the pipeline, not a solver: picking by running (--pick-by-running) kept a schedule other than the
+    solver's, measured faster on the devices."""
+
 
 MilpProgress = Callable[[float, float | None, float | None], None]
 """(solver seconds, incumbent objective or None, bound or None), in model units."""
@@ -37,18 +59,18 @@ class SparseMilp:
 
 @dataclass(frozen=True)
 class MilpOutcome:
-    """What a backend found: a solution vector (or None), a status ("optimal", "time_limit", "interrupted",
-    "infeasible") and a bound (or None)."""
+    """What a backend found: a solution vector (or None), a status (OPTIMAL, TIME_LIMIT, INTERRUPTED or
+    INFEASIBLE) and a bound (or None)."""
 
     x: np.ndarray | None
-    status: str
+    status: SolveStatus
     bound: float | None
 
 
 class Backend(Protocol):
     """Solve `milp` within `time_limit` seconds (None: no limit), starting from `warm_start` if given, reporting to
     `progress`, stopping at the relative and absolute `gaps`, and with the best solution so far once `stop` is set
-    (status "interrupted")."""
+    (status INTERRUPTED)."""
 
     def __call__(
         self,

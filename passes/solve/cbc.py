@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from onnx_remat.errors import SolverError
-from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 
 if TYPE_CHECKING:
     import pulp
@@ -64,8 +64,8 @@ def solve_cbc(
                 watcher.join()
         text = log.read_text() if log.exists() else ""
     outcome = _cbc_outcome(problem, variables, text)
-    if stop is not None and stop.is_set() and outcome.status != "optimal":
-        outcome = MilpOutcome(outcome.x, "interrupted", outcome.bound)
+    if stop is not None and stop.is_set() and outcome.status != SolveStatus.OPTIMAL:
+        outcome = MilpOutcome(outcome.x, SolveStatus.INTERRUPTED, outcome.bound)
     if progress is not None:
         incumbent = None if outcome.x is None else float(milp.cost @ outcome.x)
         progress(time.perf_counter() - start, incumbent, outcome.bound)
@@ -124,7 +124,7 @@ def _cbc_outcome(problem: pulp.LpProblem, variables: list[pulp.LpVariable], log:
     import pulp
 
     if problem.status == pulp.LpStatusInfeasible or "Result - Problem proven infeasible" in log:
-        return MilpOutcome(None, "infeasible", None)
+        return MilpOutcome(None, SolveStatus.INFEASIBLE, None)
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     x = np.array([v.varValue or 0.0 for v in variables]) if has_solution else None
     optimal = "Result - Optimal solution found" in log
@@ -134,4 +134,5 @@ def _cbc_outcome(problem: pulp.LpProblem, variables: list[pulp.LpVariable], log:
     if x is None and not optimal and problem.status not in (pulp.LpStatusNotSolved, pulp.LpStatusOptimal):
         raise SolverError(f"CBC ended with status {pulp.LpStatus[problem.status]}")
     interrupted = "Result - Stopped on ctrl-c" in log
-    return MilpOutcome(x, "optimal" if optimal else "interrupted" if interrupted else "time_limit", bound)
+    status = SolveStatus.OPTIMAL if optimal else SolveStatus.INTERRUPTED if interrupted else SolveStatus.TIME_LIMIT
+    return MilpOutcome(x, status, bound)

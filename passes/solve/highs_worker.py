@@ -30,7 +30,8 @@ STATUS = {
     highspy.HighsModelStatus.kInfeasible: "infeasible",
     highspy.HighsModelStatus.kInterrupt: "interrupted",
 }
-"""Outcome names of HiGHS's model statuses; any other is "time_limit"."""
+"""Outcome names of HiGHS's model statuses (values of backend.SolveStatus, which this script does not import);
+any other is "time_limit"."""
 
 
 def quiet_highs() -> highspy.Highs:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.backend import MilpOutcome
+from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
@@ -87,7 +87,7 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     outcome = _bounded_highs(model, left, model.assignment(schedule))
     if outcome.x is not None and _peak(problem, found := model.schedule(outcome.x), device) < peak:
         peak, schedule = _peak(problem, found, device), found
-    if outcome.status == "optimal":
+    if outcome.status == SolveStatus.OPTIMAL:
         return MinBudget(peak, peak, schedule)
     if outcome.bound is not None:
         lower = max(lower, math.ceil(outcome.bound * model.memory_unit - 0.5))

@@ -34,7 +34,7 @@ from onnx_remat.errors import SolverError
 from onnx_remat.passes.solve.backend import SparseMilp
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Schedule
+from onnx_remat.schedule import Compute, Copy, Matrices, Schedule
 
 MEMORY_STEPS = 1e4
 """The memory unit is keep-all / MEMORY_STEPS bytes, so solver tolerances stay far below a byte."""
@@ -57,63 +57,6 @@ class PeakRange:
     device: int
     lower: int
     upper: int
-
-
-@dataclass(frozen=True)
-class Matrices:
-    """A 0/1 solution: computed[d,t,i], held[d,t,i] (entering stage t; t = T: at the end), copied[d,e,t,i]."""
-
-    computed: np.ndarray
-    held: np.ndarray
-    copied: np.ndarray
-
-    @classmethod
-    def of_schedule(cls, problem: Problem, schedule: Schedule) -> Matrices:
-        """R, S and C of a schedule replayed stage by stage (copies counted in the stage they happen)."""
-        n, devices = problem.num_ops, problem.num_devices
-        m = cls(
-            np.zeros((devices, n, n), dtype=bool),
-            np.zeros((devices, n + 1, n), dtype=bool),
-            np.zeros((devices, devices, n, n), dtype=bool),
-        )
-        present: list[set[int]] = [set() for _ in range(devices)]
-        stage = 0
-
-        def advance(to: int) -> None:
-            nonlocal stage
-            while stage < to:
-                stage += 1
-                for d, ops in enumerate(present):
-                    m.held[d, stage, list(ops)] = True
-
-        for event in schedule.events:
-            advance(event.stage)
-            if isinstance(event, Compute):
-                m.computed[event.device, event.stage, event.op] = True
-                present[event.device].add(event.op)
-            elif isinstance(event, Copy):
-                m.copied[event.source, event.target, event.stage, event.op] = True
-                present[event.target].add(event.op)
-            else:
-                present[event.device].discard(event.op)
-        advance(n)
-        return m
-
-    def steps(self) -> Iterator[Step]:
-        """Computes and needed copies in stage order; at position k: k's computes, then its copies."""
-        devices, n = self.computed.shape[:2]
-        for t in range(n):
-            for k in range(t + 1):
-                here = [d for d in range(devices) if self.computed[d, t, k] and not self.held[d, t, k]]
-                yield from (Compute(k, t, d) for d in here)
-                for e in range(devices):
-                    sources = np.flatnonzero(self.copied[:, e, t, k])
-                    if len(sources) and not (self.computed[e, t, k] or self.held[e, t, k]):
-                        yield Copy(k, t, int(sources[0]), e)
-
-    def final(self, problem: Problem) -> dict[int, int]:
-        """For each graph output, the first device holding it at the end."""
-        return {i: int(np.flatnonzero(self.held[:, problem.num_ops, i])[0]) for i in problem.graph_outputs}
 
 
 @dataclass(frozen=True)
@@ -143,11 +86,11 @@ class CheckmateModel:
     def schedule(self, x: np.ndarray) -> Schedule:
         """The schedule of a 0/1 solution: recomputes and copies of held outputs dropped, frees at last use."""
         m = self.matrices(x)
-        return schedule_from_steps(self.problem, list(m.steps()), m.final(self.problem))
+        return schedule_from_steps(self.problem, list(_steps(m)), _final(self.problem, m))
 
     def assignment(self, schedule: Schedule) -> np.ndarray:
         """The full solution vector of a frontier-advancing schedule (a warm start)."""
-        m = Matrices.of_schedule(self.problem, schedule)
+        m = schedule.matrices(self.problem.num_ops, self.problem.num_devices)
         x = np.zeros(len(self.milp.cost))
         for index, values in ((self.r, m.computed), (self.s, m.held), (self.c, m.copied)):
             x[index[index >= 0]] = values[index >= 0]
@@ -180,6 +123,24 @@ class CheckmateModel:
                     need = max(need, memory + m.computed[d, t, k] * p.workspace_bytes[k] / unit)
             if self.peak is not None and self.peak.device == d:
                 x[self.peak_col] = need
+
+
+def _steps(m: Matrices) -> Iterator[Step]:
+    """Computes and needed copies in stage order; at position k: k's computes, then its copies."""
+    devices, n = m.computed.shape[:2]
+    for t in range(n):
+        for k in range(t + 1):
+            here = [d for d in range(devices) if m.computed[d, t, k] and not m.held[d, t, k]]
+            yield from (Compute(k, t, d) for d in here)
+            for e in range(devices):
+                sources = np.flatnonzero(m.copied[:, e, t, k])
+                if len(sources) and not (m.computed[e, t, k] or m.held[e, t, k]):
+                    yield Copy(k, t, int(sources[0]), e)
+
+
+def _final(problem: Problem, m: Matrices) -> dict[int, int]:
+    """For each graph output, the first device holding it at the end."""
+    return {i: int(np.flatnonzero(m.held[:, problem.num_ops, i])[0]) for i in problem.graph_outputs}
 
 
 def _values(index: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -23,9 +23,16 @@ from typing import NoReturn
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
-from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
-from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
+from onnx_remat.passes.solve.baselines import (
+    best_baseline,
+    best_segmented,
+    cheapest_fitting,
+    on_device,
+    placed,
+    prune_unread,
+)
 from onnx_remat.passes.solve.cbc import solve_cbc
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
 from onnx_remat.passes.solve.cpsat import solve_cpsat
@@ -245,11 +252,10 @@ def _incumbent(
     One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
     none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
     if problem.num_devices == 1:
-        baseline = best_baseline(problem)
         deadline = None if time_limit is None else time.perf_counter() + time_limit
-        candidates = (offload(problem, 0, deadline=deadline), None if baseline is None else baseline[1], *hints)
-        found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
-        single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
+        single = cheapest_fitting(problem, (offload(problem, 0, deadline=deadline), best_baseline(problem), *hints))
+        if single is None:
+            single = best_segmented(problem)
         return single, (single,)
     share = None if time_limit is None else time_limit / (4 * problem.num_devices)
     singles: list[Schedule | None] = []
@@ -261,10 +267,8 @@ def _incumbent(
             schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
         singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
-    offloaded = [schedule for c, s in pairs if (schedule := offload(problem, c, s)) and _fits(problem, schedule)]
-    found = [schedule for schedule in singles if schedule is not None] + [s for s in hints if _fits(problem, s)]
-    best = min([*found, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
-    return best, tuple(singles)
+    offloaded = [offload(problem, c, s) for c, s in pairs]
+    return cheapest_fitting(problem, [*singles, *hints, *offloaded]), tuple(singles)
 
 
 def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
@@ -294,11 +298,6 @@ def _pick(
         return incumbent, outcome.status
     unsolved = outcome.status != SolveStatus.INTERRUPTED and incumbent is not None
     return incumbent, SolveStatus.HEURISTIC if unsolved else outcome.status
-
-
-def _fits(problem: Problem, schedule: Schedule) -> bool:
-    """Whether the simulated peaks of a (valid) schedule are within every budget."""
-    return simulate(problem, schedule).fits(problem.budgets)
 
 
 def _cost(problem: Problem, schedule: Schedule) -> float:

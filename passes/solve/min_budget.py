@@ -18,7 +18,7 @@ import numpy as np
 
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
-from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
+from onnx_remat.passes.solve.baselines import fitting, on_device, placed, placed_baselines, segmentations
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
@@ -237,4 +237,4 @@ def _evicting(problem: Problem, deadline: float | None = None) -> Schedule | Non
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:
     """The first of `schedules` that is not None and fits every budget, or None."""
-    return next((s for s in schedules if s is not None and simulate(problem, s).fits(problem.budgets)), None)
+    return next((schedule for schedule, _ in fitting(problem, schedules)), None)

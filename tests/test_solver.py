@@ -23,7 +23,10 @@ from onnx_remat.passes.solve.baselines import (
     BASELINES,
     best_baseline,
     best_segmented,
+    cheapest_fitting,
     chen_sqrt_n,
+    fitting,
+    frontier_only,
     keep_all,
     segmentations,
 )
@@ -296,6 +299,7 @@ def test_every_backend_passes_the_simulator_and_beats_every_fitting_baseline(pro
             assert not fitting
             continue
         assert check_schedule(problem, result.schedule).total_cost == pytest.approx(result.objective)
+        assert result.simulation == simulate(problem, result.schedule)
         assert result.objective <= min(fitting, default=result.objective) + 1e-9
 
 
@@ -304,6 +308,18 @@ def test_auto_picks_a_backend_and_says_which():
     result = solve(problem, "auto")
     assert result.solver in BACKENDS and result.status == "optimal"
     assert result.objective == pytest.approx(solve(problem, "cbc").objective)
+
+
+def test_cheapest_fitting_skips_none_and_what_does_not_fit_and_keeps_the_first_of_equals():
+    problem = training_chain(6)
+    keep, chen, least = keep_all(problem), chen_sqrt_n(problem), frontier_only(problem)
+    tight = with_budget(problem, simulate(problem, chen).peak_bytes[0])  # keep-all does not fit, Chen does
+    assert simulate(problem, keep).peak_bytes[0] > tight.budgets[0]
+    assert cheapest_fitting(tight, [None, keep, chen, least]) == chen
+    twin = replace(chen)  # equal to chen, another object
+    assert cheapest_fitting(tight, [least, chen, twin]) is chen
+    assert cheapest_fitting(with_budget(problem, 0), [keep, chen, least]) is None
+    assert [s for s, _ in fitting(tight, [keep, None, chen])] == [chen]
 
 
 def test_segment_lengths_fit_where_chen_sqrt_n_does_not():

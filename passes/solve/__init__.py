@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
-from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.passes.simulate import Simulation, check_schedule
 from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     best_baseline,
@@ -95,10 +95,12 @@ def choose_backend(problem: Problem) -> str:
 
 @dataclass(frozen=True)
 class SolveResult:
-    """A checked schedule, how the solve ended (OPTIMAL, TIME_LIMIT, HEURISTIC or INTERRUPTED; the pipeline's pick
-    by running sets MEASURED) and its bound."""
+    """A checked schedule with its simulation, how the solve ended (OPTIMAL, TIME_LIMIT, HEURISTIC or INTERRUPTED; the
+    pipeline's pick by running sets MEASURED) and its bound."""
 
     schedule: Schedule
+    simulation: Simulation
+    """The simulator's replay of `schedule` (peaks, memory trace, cost): callers read it instead of replaying again."""
     status: SolveStatus
     objective: float
     bound: float
@@ -225,7 +227,7 @@ def _solve_frontier(
     stop: threading.Event,
     incumbent: Schedule | None,
     start: float,
-) -> tuple[Schedule | None, str, float | None]:
+) -> tuple[Schedule | None, SolveStatus, float | None]:
     """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds.
 
     `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
@@ -289,7 +291,7 @@ def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> M
 
 def _pick(
     problem: Problem, model: CheckmateModel, outcome: MilpOutcome, incumbent: Schedule | None
-) -> tuple[Schedule | None, str]:
+) -> tuple[Schedule | None, SolveStatus]:
     """The solver's schedule unless the incumbent is cheaper or the solver found none."""
     if outcome.x is not None:
         schedule = model.schedule(outcome.x)
@@ -305,7 +307,7 @@ def _cost(problem: Problem, schedule: Schedule) -> float:
     return check_schedule(problem, schedule).total_cost
 
 
-def _no_schedule(problem: Problem, status: str) -> NoReturn:
+def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
     if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
@@ -331,7 +333,7 @@ def _no_schedule(problem: Problem, status: str) -> NoReturn:
 def _result(
     problem: Problem,
     schedule: Schedule,
-    status: str,
+    status: SolveStatus,
     bound: float,
     model_objective: float,
     seconds: float,
@@ -339,10 +341,13 @@ def _result(
     alone: tuple[Schedule | None, ...],
 ) -> SolveResult:
     """Check `schedule` and state its cost with `bound` clamped to the objective."""
-    objective = check_schedule(problem, schedule).total_cost
+    simulation = check_schedule(problem, schedule)
+    objective = simulation.total_cost
     bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     costs = [_cost(problem, single) for single in alone if single is not None]
     single = min(costs, default=None)
     devices = alone if problem.num_devices > 1 else ()
-    return SolveResult(schedule, status, objective, bound, gap, seconds, solver, model_objective, single, devices)
+    return SolveResult(
+        schedule, simulation, status, objective, bound, gap, seconds, solver, model_objective, single, devices
+    )

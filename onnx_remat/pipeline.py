@@ -39,6 +39,7 @@ from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
+from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import write_mps
 from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_lower_bound
 from onnx_remat.passes.workspace import workspace_bytes
@@ -186,7 +187,7 @@ def remat(
     choice = None
     if pick_by_running:
         result, choice = faster_by_running(prepared, graph.opmap, problem, result, devices)
-    peaks = check_schedule(problem, result.schedule).peak_bytes
+    peaks = result.simulation.peak_bytes
     minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
                    for known, peak in zip(minima, peaks, strict=True))
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
@@ -252,9 +253,11 @@ def faster_by_running(
     schedule = candidates[kept]
     if schedule is result.schedule:
         return result, choice
-    objective = check_schedule(problem, schedule).total_cost
+    simulation = check_schedule(problem, schedule)
+    objective = simulation.total_cost
     gap = (objective - result.bound) / objective if objective > 0 else 0.0
-    return replace(result, schedule=schedule, objective=objective, gap=gap, status="measured"), choice
+    return replace(result, schedule=schedule, simulation=simulation, objective=objective, gap=gap,
+                   status=SolveStatus.MEASURED), choice
 
 
 def _label(problem: Problem, schedule: Schedule) -> str:

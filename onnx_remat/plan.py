@@ -6,7 +6,7 @@ a schedule the same way, and apart from `report` so that the report stays plain 
 
 from __future__ import annotations
 
-from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve import SolveResult
 from onnx_remat.passes.solve.baselines import placed_baselines
 from onnx_remat.problem import Problem
@@ -16,7 +16,7 @@ from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int | None, result: SolveResult) -> Report:
     """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines."""
-    simulation = simulate(problem, result.schedule)
+    simulation = result.simulation
     keep_all_seconds = min(sum(costs) for costs in problem.cost)
     return Report(
         model=name,
@@ -33,7 +33,7 @@ def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int | No
         recomputations=recomputations(problem, result.schedule),
         solver=SolverSummary(result.solver, result.status, result.objective, result.bound, result.gap, result.seconds),
         baselines=baselines(problem),
-        device_usage=device_usage(problem, result.schedule),
+        device_usage=device_usage(problem, result.schedule, simulation),
         copies=copies(problem, result.schedule),
     )
 
@@ -96,9 +96,9 @@ def copies(problem: Problem, schedule: Schedule) -> tuple[CopyRecord, ...]:
     )
 
 
-def device_usage(problem: Problem, schedule: Schedule) -> tuple[DeviceUsage, ...]:
-    """Per device: budget, keep-all, predicted peak (simulated), compute time, time of copies into it, runs."""
-    simulation = simulate(problem, schedule)
+def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -> tuple[DeviceUsage, ...]:
+    """Per device: budget, keep-all, predicted peak (from `schedule`'s simulation), compute time, time of copies into
+    it, runs."""
     compute_seconds = [0.0] * problem.num_devices
     copy_seconds = [0.0] * problem.num_devices
     runs = [0] * problem.num_devices

@@ -22,7 +22,7 @@ from onnx_remat.errors import OutputError, UsageError
 from onnx_remat.files import write_atomically
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
+from onnx_remat.schedule import Compute, Schedule
 from onnx_remat.sweep import Sweep
 
 _FORMATS = {".png": "png", ".svg": "svg"}
@@ -34,22 +34,8 @@ _DEVICE_COLORS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown",
 
 def schedule_matrices(problem: Problem, schedule: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """R[d, t, i]: op i computed in stage t on device d; S[d, t, i]: its output held on d entering stage t."""
-    shape = (problem.num_devices, problem.num_ops, problem.num_ops)
-    compute, keep = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
-    held = np.zeros(shape[:2], dtype=bool)
-    stage = 0
-    for event in schedule.events:
-        keep[:, stage + 1 : event.stage + 1] = held[:, None, :]
-        stage = max(stage, event.stage)
-        if isinstance(event, Compute):
-            compute[event.device, event.stage, event.op] = True
-            held[event.device, event.op] = True
-        elif isinstance(event, Free):
-            held[event.device, event.op] = False
-        elif isinstance(event, Copy):
-            held[event.target, event.op] = True
-    keep[:, stage + 1 :] = held[:, None, :]
-    return compute, keep
+    m = schedule.matrices(problem.num_ops, problem.num_devices)
+    return m.computed, m.held[:, : problem.num_ops]
 
 
 def _compute_codes(schedule: Schedule, compute: np.ndarray) -> np.ndarray:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Compute:
@@ -56,10 +58,42 @@ class Schedule:
         computes = self.computes
         return len(computes) - len({c.op for c in computes})
 
-    def compute_matrix(self, num_ops: int, device: int = 0) -> list[list[bool]]:
-        """R[t][i]: operator i is computed in stage t on `device` (the paper's R)."""
-        matrix = [[False] * num_ops for _ in range(num_ops)]
-        for c in self.computes:
-            if c.device == device:
-                matrix[c.stage][c.op] = True
-        return matrix
+    def matrices(self, num_ops: int, num_devices: int) -> Matrices:
+        """R, S and C of the schedule replayed stage by stage (copies counted in the stage they happen)."""
+        m = Matrices(
+            np.zeros((num_devices, num_ops, num_ops), dtype=bool),
+            np.zeros((num_devices, num_ops + 1, num_ops), dtype=bool),
+            np.zeros((num_devices, num_devices, num_ops, num_ops), dtype=bool),
+        )
+        present: list[set[int]] = [set() for _ in range(num_devices)]
+        stage = 0
+
+        def advance(to: int) -> None:
+            nonlocal stage
+            while stage < to:
+                stage += 1
+                for d, ops in enumerate(present):
+                    m.held[d, stage, list(ops)] = True
+
+        for event in self.events:
+            advance(event.stage)
+            if isinstance(event, Compute):
+                m.computed[event.device, event.stage, event.op] = True
+                present[event.device].add(event.op)
+            elif isinstance(event, Copy):
+                m.copied[event.source, event.target, event.stage, event.op] = True
+                present[event.target].add(event.op)
+            else:
+                present[event.device].discard(event.op)
+        advance(num_ops)
+        return m
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """The paper's 0/1 matrices: computed[d,t,i] (R), held[d,t,i] (S: held on d entering stage t; t = T: at the
+    end), copied[d,e,t,i] (copied from d to e in stage t). The MILP's variables, the plot's pictures."""
+
+    computed: np.ndarray
+    held: np.ndarray
+    copied: np.ndarray

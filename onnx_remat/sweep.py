@@ -24,6 +24,7 @@ from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_T
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.load import load_model
 from onnx_remat.passes.measure import measure_activation_peak
+from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.pipeline import RematResult, TrainingOptions, remat
 
 
@@ -56,7 +57,7 @@ class SweepPoint:
 
     @property
     def feasible(self) -> bool:
-        return self.status != "infeasible"
+        return self.status != SolveStatus.INFEASIBLE
 
     @property
     def overhead(self) -> float | None:
@@ -127,7 +128,7 @@ def sweep(
     keep_all = next((p.keep_all_bytes for p in points), None)
     for label, budget, minimum in refused:
         requested = budget.resolve(keep_all, minimum or 0) if keep_all is not None else budget.absolute_bytes
-        points.append(SweepPoint(label, requested, "infeasible", minimum, keep_all_bytes=keep_all))
+        points.append(SweepPoint(label, requested, SolveStatus.INFEASIBLE, minimum, keep_all_bytes=keep_all))
     ordered = tuple(sorted(points, key=lambda p: -(p.budget_bytes or 0)))
     return Sweep(name, mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
 

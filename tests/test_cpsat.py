@@ -84,7 +84,7 @@ def test_stop_returns_the_best_solution_so_far_and_progress_is_reported():
         if report[1] is not None and report[2] is not None:
             stop.set()
 
-    warm = model.assignment(best_baseline(problem)[1])
+    warm = model.assignment(best_baseline(problem))
     outcome = solve_cpsat(model.milp, LONG, warm, report_then_stop, stop=stop)
     assert outcome.status == "interrupted" and outcome.x is not None
     assert reports and reports[-1][2] is not None

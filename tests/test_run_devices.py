@@ -21,6 +21,7 @@ from onnx_remat.passes.rewrite import rewrite, tag_budgets
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
+from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.baselines import keep_all, on_device, placed
 from onnx_remat.pipeline import costed_problem, faster_by_running, prepare
 from onnx_remat.problem import Problem
@@ -251,7 +252,10 @@ def test_pick_by_running_keeps_whichever_schedule_runs_fastest():
     mixed = alternating(problem, 3)
     alone = tuple(placed(keep_all(on_device(problem, d)), d) for d in range(2))
     cost = check_schedule(problem, alone[0]).total_cost
-    result = SolveResult(mixed, "optimal", 0.5 * cost, 0.4 * cost, 0.2, 1.0, "highs", 0.5 * cost, cost, alone)
+    simulation = check_schedule(problem, mixed)
+    result = SolveResult(
+        mixed, simulation, SolveStatus.OPTIMAL, 0.5 * cost, 0.4 * cost, 0.2, 1.0, "highs", 0.5 * cost, cost, alone
+    )
     kept, choice = faster_by_running(prepared, graph.opmap, problem, result, get_devices(TWO_ENGINES))
     assert choice is not None
     assert set(choice.seconds) == {"solver (mixed)", "ort-cpu alone", "ov-cpu alone"}
@@ -263,7 +267,9 @@ def test_pick_by_running_keeps_whichever_schedule_runs_fastest():
         schedule = alone[0] if choice.kept == "ort-cpu alone" else alone[1]
         assert kept.schedule is schedule and kept.status == "measured"
         assert kept.objective == pytest.approx(check_schedule(problem, schedule).total_cost)
-    on_ort = replace(result, schedule=alone[0], device_schedules=(alone[0], None))
+        assert kept.simulation == check_schedule(problem, schedule)
+    on_ort = replace(result, schedule=alone[0], simulation=check_schedule(problem, alone[0]),
+                     device_schedules=(alone[0], None))
     assert faster_by_running(prepared, graph.opmap, problem, on_ort, get_devices(TWO_ENGINES)) == (on_ort, None)
 
 

@@ -18,15 +18,19 @@ from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import BACKENDS, SOLVERS, solve
+from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     BASELINES,
     best_baseline,
     best_segmented,
+    cheapest_fitting,
     chen_sqrt_n,
+    fitting,
+    frontier_only,
     keep_all,
     segmentations,
 )
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, build_model
+from onnx_remat.passes.solve.checkmate_milp import build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
@@ -255,11 +259,11 @@ def test_unknown_solver_names_the_valid_ones():
 
 def test_no_incumbent_falls_back_to_the_best_baseline(monkeypatch):
     problem = with_budget(training_chain(4), 10**6)
-    monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, "time_limit", None))
+    monkeypatch.setitem(BACKENDS, "highs", lambda *args, **kwargs: MilpOutcome(None, SolveStatus.TIME_LIMIT, None))
     monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing
     result = solve_module.solve(problem)
-    name, schedule = best_baseline(problem)
-    assert (result.status, result.schedule, name) == ("heuristic", schedule, "keep-all")
+    assert (result.status, result.schedule) == ("heuristic", best_baseline(problem))
+    assert best_baseline(problem) == keep_all(problem)
 
 
 def test_a_bound_that_proves_the_heuristics_schedule_spares_the_backend(monkeypatch):
@@ -295,6 +299,7 @@ def test_every_backend_passes_the_simulator_and_beats_every_fitting_baseline(pro
             assert not fitting
             continue
         assert check_schedule(problem, result.schedule).total_cost == pytest.approx(result.objective)
+        assert result.simulation == simulate(problem, result.schedule)
         assert result.objective <= min(fitting, default=result.objective) + 1e-9
 
 
@@ -303,6 +308,18 @@ def test_auto_picks_a_backend_and_says_which():
     result = solve(problem, "auto")
     assert result.solver in BACKENDS and result.status == "optimal"
     assert result.objective == pytest.approx(solve(problem, "cbc").objective)
+
+
+def test_cheapest_fitting_skips_none_and_what_does_not_fit_and_keeps_the_first_of_equals():
+    problem = training_chain(6)
+    keep, chen, least = keep_all(problem), chen_sqrt_n(problem), frontier_only(problem)
+    tight = with_budget(problem, simulate(problem, chen).peak_bytes[0])  # keep-all does not fit, Chen does
+    assert simulate(problem, keep).peak_bytes[0] > tight.budgets[0]
+    assert cheapest_fitting(tight, [None, keep, chen, least]) == chen
+    twin = replace(chen)  # equal to chen, another object
+    assert cheapest_fitting(tight, [least, chen, twin]) is chen
+    assert cheapest_fitting(with_budget(problem, 0), [keep, chen, least]) is None
+    assert [s for s, _ in fitting(tight, [keep, None, chen])] == [chen]
 
 
 def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
@@ -369,13 +386,13 @@ def test_stop_before_the_milp_returns_the_warm_start(monkeypatch):
 
     def interrupted(*args, stop, **kwargs):
         stop.set()
-        return MilpOutcome(None, "interrupted", None)
+        return MilpOutcome(None, SolveStatus.INTERRUPTED, None)
 
     monkeypatch.setitem(BACKENDS, "highs", interrupted)
     monkeypatch.setattr(solve_module, "cut_lower_bound", lambda problem, seconds, stop: 0.0)  # proves nothing
     result = solve_module.solve(problem)
     assert result.status == "interrupted"
-    assert result.objective == pytest.approx(simulate(problem, best_baseline(problem)[1]).total_cost)
+    assert result.objective == pytest.approx(simulate(problem, best_baseline(problem)).total_cost)
 
 
 def test_the_time_limit_holds_for_the_whole_solve():

@@ -122,7 +122,7 @@ def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:
 
 def summary_lines(problem: Problem, result: SolveResult, baselines: dict[str, dict[str, Any]]) -> list[str]:
     """The printed summary: problem size, budgets, solver outcome, predicted peaks and the baselines."""
-    peaks = simulate(problem, result.schedule).peak_bytes
+    peaks = result.simulation.peak_bytes
     budgets = ", ".join(
         f"{name} {format_bytes(budget)} (peak {format_bytes(peak)})"
         for name, budget, peak in zip(problem.devices, problem.budgets, peaks, strict=True)
@@ -147,11 +147,12 @@ def report(source: str, problem: Problem, result: SolveResult, baselines: dict[s
     """The JSON report: the problem file, budgets, the solver outcome, the baselines and the schedule."""
     outcome = asdict(result)
     outcome.pop("schedule")
+    outcome.pop("simulation")
     return {
         "problem": str(source),
         "devices": list(problem.devices),
         "budget_bytes": list(problem.budgets),
-        "peak_bytes": list(simulate(problem, result.schedule).peak_bytes),
+        "peak_bytes": list(result.simulation.peak_bytes),
         **outcome,
         "recomputations": result.schedule.recompute_count(),
         "baselines": baselines,

@@ -23,15 +23,18 @@ from typing import NoReturn
 
 from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
-from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve.baselines import best_baseline, best_segmented, on_device, placed, prune_unread
-from onnx_remat.passes.solve.checkmate_milp import (
-    CheckmateModel,
-    MilpOutcome,
-    MilpProgress,
-    build_model,
-    solve_cbc,
+from onnx_remat.passes.simulate import Simulation, check_schedule
+from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
+from onnx_remat.passes.solve.baselines import (
+    best_baseline,
+    best_segmented,
+    cheapest_fitting,
+    on_device,
+    placed,
+    prune_unread,
 )
+from onnx_remat.passes.solve.cbc import solve_cbc
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -43,8 +46,9 @@ from onnx_remat.schedule import Schedule
 Progress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
-BACKENDS: dict[str, Callable[..., MilpOutcome]] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
-"""Backend name (the SOLVERS but "auto") -> the function that runs it."""
+BACKENDS: dict[str, Backend] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
+"""Backend name -> the function that runs it (its module in this package). onnx_remat.options.SOLVERS, which the
+command line offers without loading any solver, lists the same names after "auto" (tests/test_startup.py checks)."""
 
 MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
@@ -91,11 +95,13 @@ def choose_backend(problem: Problem) -> str:
 
 @dataclass(frozen=True)
 class SolveResult:
-    """A checked schedule, how the solver ended ("optimal", "time_limit", "heuristic"; the pipeline's pick by running
-    sets "measured") and its bound."""
+    """A checked schedule with its simulation, how the solve ended (OPTIMAL, TIME_LIMIT, HEURISTIC or INTERRUPTED; the
+    pipeline's pick by running sets MEASURED) and its bound."""
 
     schedule: Schedule
-    status: str
+    simulation: Simulation
+    """The simulator's replay of `schedule` (peaks, memory trace, cost): callers read it instead of replaying again."""
+    status: SolveStatus
     objective: float
     bound: float
     gap: float
@@ -137,11 +143,11 @@ def solve(
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
         if _proven(problem, incumbent, cut_bound):
-            schedule, status, bound = incumbent, "optimal", cut_bound
+            schedule, status, bound = incumbent, SolveStatus.OPTIMAL, cut_bound
         else:
             schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
-    if status == "interrupted" and timed_out.is_set():
-        status = "time_limit" if schedule is not incumbent else "heuristic"
+    if status == SolveStatus.INTERRUPTED and timed_out.is_set():
+        status = SolveStatus.TIME_LIMIT if schedule is not incumbent else SolveStatus.HEURISTIC
     if schedule is None:
         _no_schedule(problem, status)
     model_objective = _cost(problem, schedule)
@@ -221,15 +227,15 @@ def _solve_frontier(
     stop: threading.Event,
     incumbent: Schedule | None,
     start: float,
-) -> tuple[Schedule | None, str, float | None]:
+) -> tuple[Schedule | None, SolveStatus, float | None]:
     """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds.
 
     `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
     """
     if stop.is_set():
-        return incumbent, "interrupted", None
+        return incumbent, SolveStatus.INTERRUPTED, None
     if problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS:
-        return incumbent, "heuristic", None
+        return incumbent, SolveStatus.HEURISTIC, None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
     remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
@@ -248,11 +254,10 @@ def _incumbent(
     One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
     none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
     if problem.num_devices == 1:
-        baseline = best_baseline(problem)
         deadline = None if time_limit is None else time.perf_counter() + time_limit
-        candidates = (offload(problem, 0, deadline=deadline), None if baseline is None else baseline[1], *hints)
-        found = [schedule for schedule in candidates if schedule is not None and _fits(problem, schedule)]
-        single = min(found, key=lambda schedule: _cost(problem, schedule)) if found else best_segmented(problem)
+        single = cheapest_fitting(problem, (offload(problem, 0, deadline=deadline), best_baseline(problem), *hints))
+        if single is None:
+            single = best_segmented(problem)
         return single, (single,)
     share = None if time_limit is None else time_limit / (4 * problem.num_devices)
     singles: list[Schedule | None] = []
@@ -264,10 +269,8 @@ def _incumbent(
             schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
         singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
-    offloaded = [schedule for c, s in pairs if (schedule := offload(problem, c, s)) and _fits(problem, schedule)]
-    found = [schedule for schedule in singles if schedule is not None] + [s for s in hints if _fits(problem, s)]
-    best = min([*found, *offloaded], key=lambda schedule: _cost(problem, schedule), default=None)
-    return best, tuple(singles)
+    offloaded = [offload(problem, c, s) for c, s in pairs]
+    return cheapest_fitting(problem, [*singles, *hints, *offloaded]), tuple(singles)
 
 
 def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
@@ -288,20 +291,15 @@ def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> M
 
 def _pick(
     problem: Problem, model: CheckmateModel, outcome: MilpOutcome, incumbent: Schedule | None
-) -> tuple[Schedule | None, str]:
+) -> tuple[Schedule | None, SolveStatus]:
     """The solver's schedule unless the incumbent is cheaper or the solver found none."""
     if outcome.x is not None:
         schedule = model.schedule(outcome.x)
         if incumbent is None or _cost(problem, schedule) <= _cost(problem, incumbent):
             return schedule, outcome.status
         return incumbent, outcome.status
-    unsolved = outcome.status != "interrupted" and incumbent is not None
-    return incumbent, "heuristic" if unsolved else outcome.status
-
-
-def _fits(problem: Problem, schedule: Schedule) -> bool:
-    """Whether the simulated peaks of a (valid) schedule are within every budget."""
-    return simulate(problem, schedule).fits(problem.budgets)
+    unsolved = outcome.status != SolveStatus.INTERRUPTED and incumbent is not None
+    return incumbent, SolveStatus.HEURISTIC if unsolved else outcome.status
 
 
 def _cost(problem: Problem, schedule: Schedule) -> float:
@@ -309,11 +307,11 @@ def _cost(problem: Problem, schedule: Schedule) -> float:
     return check_schedule(problem, schedule).total_cost
 
 
-def _no_schedule(problem: Problem, status: str) -> NoReturn:
+def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
-    if status == "interrupted":
+    if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
-    if status != "infeasible":
+    if status != SolveStatus.INFEASIBLE:
         raise SolverError(
             "the solver found no schedule within the time limit and no baseline fits the budget: "
             "raise --time-limit or the budget"
@@ -335,7 +333,7 @@ def _no_schedule(problem: Problem, status: str) -> NoReturn:
 def _result(
     problem: Problem,
     schedule: Schedule,
-    status: str,
+    status: SolveStatus,
     bound: float,
     model_objective: float,
     seconds: float,
@@ -343,10 +341,13 @@ def _result(
     alone: tuple[Schedule | None, ...],
 ) -> SolveResult:
     """Check `schedule` and state its cost with `bound` clamped to the objective."""
-    objective = check_schedule(problem, schedule).total_cost
+    simulation = check_schedule(problem, schedule)
+    objective = simulation.total_cost
     bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     costs = [_cost(problem, single) for single in alone if single is not None]
     single = min(costs, default=None)
     devices = alone if problem.num_devices > 1 else ()
-    return SolveResult(schedule, status, objective, bound, gap, seconds, solver, model_objective, single, devices)
+    return SolveResult(
+        schedule, simulation, status, objective, bound, gap, seconds, solver, model_objective, single, devices
+    )

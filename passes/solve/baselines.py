@@ -8,10 +8,10 @@ onnxruntime does with the rewritten graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
-from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Free, Schedule
@@ -142,23 +142,25 @@ def placed_baselines(problem: Problem) -> Iterator[tuple[str, Schedule]]:
             yield label, placed(build(single), device)
 
 
+def fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Iterator[tuple[Schedule, Simulation]]:
+    """Each of `schedules` (None skipped) whose simulated peaks are within every budget, with its simulation."""
+    for schedule in schedules:
+        if schedule is not None and (simulation := simulate(problem, schedule)).fits(problem.budgets):
+            yield schedule, simulation
+
+
+def cheapest_fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:
+    """The cheapest of `schedules` within every budget (the first of equals), or None if none fits."""
+    best = min(fitting(problem, schedules), key=lambda found: found[1].total_cost, default=None)
+    return None if best is None else best[0]
+
+
 def best_segmented(problem: Problem) -> Schedule | None:
     """The cheapest Chen segmentation of any length, on one device, that fits every device's budget, or None."""
-    best: tuple[float, Schedule] | None = None
-    for device in range(problem.num_devices):
-        for schedule in segmentations(on_device(problem, device)):
-            schedule = placed(schedule, device)
-            simulation = simulate(problem, schedule)
-            if simulation.fits(problem.budgets) and (best is None or simulation.total_cost < best[0]):
-                best = (simulation.total_cost, schedule)
-    return None if best is None else best[1]
+    devices = range(problem.num_devices)
+    return cheapest_fitting(problem, (placed(s, d) for d in devices for s in segmentations(on_device(problem, d))))
 
 
-def best_baseline(problem: Problem) -> tuple[str, Schedule] | None:
+def best_baseline(problem: Problem) -> Schedule | None:
     """The cheapest baseline on one device that fits every device's budget, or None if none fits."""
-    best: tuple[float, str, Schedule] | None = None
-    for name, schedule in placed_baselines(problem):
-        simulation = simulate(problem, schedule)
-        if simulation.fits(problem.budgets) and (best is None or simulation.total_cost < best[0]):
-            best = (simulation.total_cost, name, schedule)
-    return None if best is None else (best[1], best[2])
+    return cheapest_fitting(problem, (schedule for _, schedule in placed_baselines(problem)))

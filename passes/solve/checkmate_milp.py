@@ -23,55 +23,21 @@ the LP relaxation than Checkmate's hazard rows.
 from __future__ import annotations
 
 import math
-import re
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import highspy
 import numpy as np
-import pulp
 from scipy import sparse
 
 from onnx_remat.errors import SolverError
-from onnx_remat.passes.solve.highs_worker import highs_lp, model_arrays, quiet_highs
+from onnx_remat.passes.solve.backend import SparseMilp
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Schedule
-
-MilpProgress = Callable[[float, float | None, float | None], None]
-"""(solver seconds, incumbent objective or None, bound or None), in model units."""
+from onnx_remat.schedule import Compute, Copy, Matrices, Schedule
 
 MEMORY_STEPS = 1e4
 """The memory unit is keep-all / MEMORY_STEPS bytes, so solver tolerances stay far below a byte."""
-
-
-@dataclass(frozen=True)
-class SparseMilp:
-    """Minimize cost @ x subject to row_lower <= matrix @ x <= row_upper, col bounds, integrality."""
-
-    cost: np.ndarray
-    col_lower: np.ndarray
-    col_upper: np.ndarray
-    integer: np.ndarray
-    matrix: sparse.csr_matrix
-    row_lower: np.ndarray
-    row_upper: np.ndarray
-    byte_unit: float = 1.0
-    """Bytes per unit of the memory columns and of the coefficients of memory rows (continuous columns not
-    within [0, 1]): scaling by it makes them whole bytes, for backends that need integers (CP-SAT)."""
-
-
-@dataclass(frozen=True)
-class MilpOutcome:
-    """What a backend found: a solution vector (or None), "optimal" / "time_limit" / "infeasible", bound."""
-
-    x: np.ndarray | None
-    status: str
-    bound: float | None
 
 
 @dataclass(frozen=True)
@@ -91,63 +57,6 @@ class PeakRange:
     device: int
     lower: int
     upper: int
-
-
-@dataclass(frozen=True)
-class Matrices:
-    """A 0/1 solution: computed[d,t,i], held[d,t,i] (entering stage t; t = T: at the end), copied[d,e,t,i]."""
-
-    computed: np.ndarray
-    held: np.ndarray
-    copied: np.ndarray
-
-    @classmethod
-    def of_schedule(cls, problem: Problem, schedule: Schedule) -> Matrices:
-        """R, S and C of a schedule replayed stage by stage (copies counted in the stage they happen)."""
-        n, devices = problem.num_ops, problem.num_devices
-        m = cls(
-            np.zeros((devices, n, n), dtype=bool),
-            np.zeros((devices, n + 1, n), dtype=bool),
-            np.zeros((devices, devices, n, n), dtype=bool),
-        )
-        present: list[set[int]] = [set() for _ in range(devices)]
-        stage = 0
-
-        def advance(to: int) -> None:
-            nonlocal stage
-            while stage < to:
-                stage += 1
-                for d, ops in enumerate(present):
-                    m.held[d, stage, list(ops)] = True
-
-        for event in schedule.events:
-            advance(event.stage)
-            if isinstance(event, Compute):
-                m.computed[event.device, event.stage, event.op] = True
-                present[event.device].add(event.op)
-            elif isinstance(event, Copy):
-                m.copied[event.source, event.target, event.stage, event.op] = True
-                present[event.target].add(event.op)
-            else:
-                present[event.device].discard(event.op)
-        advance(n)
-        return m
-
-    def steps(self) -> Iterator[Step]:
-        """Computes and needed copies in stage order; at position k: k's computes, then its copies."""
-        devices, n = self.computed.shape[:2]
-        for t in range(n):
-            for k in range(t + 1):
-                here = [d for d in range(devices) if self.computed[d, t, k] and not self.held[d, t, k]]
-                yield from (Compute(k, t, d) for d in here)
-                for e in range(devices):
-                    sources = np.flatnonzero(self.copied[:, e, t, k])
-                    if len(sources) and not (self.computed[e, t, k] or self.held[e, t, k]):
-                        yield Copy(k, t, int(sources[0]), e)
-
-    def final(self, problem: Problem) -> dict[int, int]:
-        """For each graph output, the first device holding it at the end."""
-        return {i: int(np.flatnonzero(self.held[:, problem.num_ops, i])[0]) for i in problem.graph_outputs}
 
 
 @dataclass(frozen=True)
@@ -177,11 +86,11 @@ class CheckmateModel:
     def schedule(self, x: np.ndarray) -> Schedule:
         """The schedule of a 0/1 solution: recomputes and copies of held outputs dropped, frees at last use."""
         m = self.matrices(x)
-        return schedule_from_steps(self.problem, list(m.steps()), m.final(self.problem))
+        return schedule_from_steps(self.problem, list(_steps(m)), _final(self.problem, m))
 
     def assignment(self, schedule: Schedule) -> np.ndarray:
         """The full solution vector of a frontier-advancing schedule (a warm start)."""
-        m = Matrices.of_schedule(self.problem, schedule)
+        m = schedule.matrices(self.problem.num_ops, self.problem.num_devices)
         x = np.zeros(len(self.milp.cost))
         for index, values in ((self.r, m.computed), (self.s, m.held), (self.c, m.copied)):
             x[index[index >= 0]] = values[index >= 0]
@@ -214,6 +123,24 @@ class CheckmateModel:
                     need = max(need, memory + m.computed[d, t, k] * p.workspace_bytes[k] / unit)
             if self.peak is not None and self.peak.device == d:
                 x[self.peak_col] = need
+
+
+def _steps(m: Matrices) -> Iterator[Step]:
+    """Computes and needed copies in stage order; at position k: k's computes, then its copies."""
+    devices, n = m.computed.shape[:2]
+    for t in range(n):
+        for k in range(t + 1):
+            here = [d for d in range(devices) if m.computed[d, t, k] and not m.held[d, t, k]]
+            yield from (Compute(k, t, d) for d in here)
+            for e in range(devices):
+                sources = np.flatnonzero(m.copied[:, e, t, k])
+                if len(sources) and not (m.computed[e, t, k] or m.held[e, t, k]):
+                    yield Copy(k, t, int(sources[0]), e)
+
+
+def _final(problem: Problem, m: Matrices) -> dict[int, int]:
+    """For each graph output, the first device holding it at the end."""
+    return {i: int(np.flatnonzero(m.held[:, problem.num_ops, i])[0]) for i in problem.graph_outputs}
 
 
 def _values(index: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -474,7 +401,12 @@ def _limit_rows(
 
 
 def write_mps(problem: Problem, path: str | Path) -> None:
-    """Write the cost-minimizing MILP of `problem` as an MPS file with readable column names."""
+    """Write the cost-minimizing MILP of `problem` as an MPS file with readable column names (HiGHS writes it:
+    imported here, so the model itself loads no solver)."""
+    import highspy
+
+    from onnx_remat.passes.solve.highs_worker import highs_lp, model_arrays, quiet_highs
+
     model = build_model(problem)
     lp = highs_lp(model_arrays(model.milp))
     lp.col_names_ = column_names(model)
@@ -497,112 +429,3 @@ def column_names(model: CheckmateModel) -> list[str]:
     if model.peak_col is not None:
         names[model.peak_col] = "PEAK"
     return names
-
-
-def solve_cbc(
-    milp: SparseMilp,
-    time_limit: float | None = None,
-    warm_start: np.ndarray | None = None,
-    progress: MilpProgress | None = None,
-    gaps: tuple[float, float] = (1e-4, 1e-6),
-    stop: threading.Event | None = None,
-) -> MilpOutcome:
-    """Solve with CBC through PuLP on 2 threads, progress read from CBC's log while it runs.
-
-    CBC runs as a child process: Ctrl-C reaches it directly and it stops with its best solution; `stop`
-    only marks the outcome "interrupted"."""
-    start = time.perf_counter()
-    problem, variables = _pulp_problem(milp)
-    if warm_start is not None:
-        for variable, value in zip(variables, warm_start, strict=True):
-            variable.setInitialValue(round(value) if variable.cat == pulp.LpInteger else value)
-    with tempfile.TemporaryDirectory() as directory:
-        log = Path(directory) / "cbc.log"
-        solver = pulp.PULP_CBC_CMD(
-            msg=False,
-            threads=2,
-            timeLimit=time_limit,
-            gapRel=gaps[0],
-            gapAbs=gaps[1],
-            warmStart=warm_start is not None,
-            logPath=str(log),
-        )
-        done = threading.Event()
-        watcher = threading.Thread(target=_watch_cbc_log, args=(log, done, progress, start), daemon=True)
-        if progress is not None:
-            watcher.start()
-        try:
-            problem.solve(solver)
-        finally:
-            done.set()
-            if watcher.is_alive():
-                watcher.join()
-        text = log.read_text() if log.exists() else ""
-    outcome = _cbc_outcome(problem, variables, text)
-    if stop is not None and stop.is_set() and outcome.status != "optimal":
-        outcome = MilpOutcome(outcome.x, "interrupted", outcome.bound)
-    if progress is not None:
-        incumbent = None if outcome.x is None else float(milp.cost @ outcome.x)
-        progress(time.perf_counter() - start, incumbent, outcome.bound)
-    return outcome
-
-
-_CBC_PROGRESS = re.compile(r"Cbc0010I After \d+ nodes, \d+ on tree, (\S+) best solution, best possible (\S+)")
-
-
-def _watch_cbc_log(log: Path, done: threading.Event, progress: MilpProgress, start: float, every: float = 0.5) -> None:
-    """Report CBC's latest (incumbent, bound) from its node log lines every `every` seconds until `done`."""
-    reported = None
-    while not done.wait(every):
-        text = log.read_text(errors="replace") if log.exists() else ""
-        found = _CBC_PROGRESS.findall(text)
-        if found and found[-1] != reported:
-            reported = found[-1]
-            values = [float(v) for v in reported]
-            incumbent, bound = (v if math.isfinite(v) and abs(v) < 1e49 else None for v in values)
-            progress(time.perf_counter() - start, incumbent, bound)
-
-
-def _pulp_problem(milp: SparseMilp) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
-    """The model as a PuLP problem over variables x0..x{n-1}."""
-    problem = pulp.LpProblem("checkmate", pulp.LpMinimize)
-    variables = [
-        pulp.LpVariable(
-            f"x{j}",
-            lowBound=lo,
-            upBound=None if math.isinf(up) else up,
-            cat=pulp.LpInteger if integer else pulp.LpContinuous,
-        )
-        for j, (lo, up, integer) in enumerate(zip(milp.col_lower, milp.col_upper, milp.integer, strict=True))
-    ]
-    problem += pulp.LpAffineExpression([(variables[j], c) for j, c in enumerate(milp.cost) if c])
-    matrix = milp.matrix
-    for row, (lower, upper) in enumerate(zip(milp.row_lower, milp.row_upper, strict=True)):
-        span = slice(matrix.indptr[row], matrix.indptr[row + 1])
-        expression = pulp.LpAffineExpression(
-            [(variables[j], v) for j, v in zip(matrix.indices[span], matrix.data[span], strict=True)]
-        )
-        if lower == upper:
-            problem += expression == lower, f"r{row}"
-            continue
-        if math.isfinite(lower):
-            problem += expression >= lower, f"r{row}l"
-        if math.isfinite(upper):
-            problem += expression <= upper, f"r{row}u"
-    return problem, variables
-
-
-def _cbc_outcome(problem: pulp.LpProblem, variables: list[pulp.LpVariable], log: str) -> MilpOutcome:
-    """Status, solution and bound of a finished CBC run, the bound read from CBC's log."""
-    if problem.status == pulp.LpStatusInfeasible or "Result - Problem proven infeasible" in log:
-        return MilpOutcome(None, "infeasible", None)
-    has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    x = np.array([v.varValue or 0.0 for v in variables]) if has_solution else None
-    optimal = "Result - Optimal solution found" in log
-    match = re.search(r"^Lower bound:\s*(\S+)", log, re.MULTILINE)
-    objective = re.search(r"^Objective value:\s*(\S+)", log, re.MULTILINE)
-    bound = float(match.group(1)) if match else float(objective.group(1)) if optimal and objective else None
-    if x is None and not optimal and problem.status not in (pulp.LpStatusNotSolved, pulp.LpStatusOptimal):
-        raise SolverError(f"CBC ended with status {pulp.LpStatus[problem.status]}")
-    interrupted = "Result - Stopped on ctrl-c" in log
-    return MilpOutcome(x, "optimal" if optimal else "interrupted" if interrupted else "time_limit", bound)

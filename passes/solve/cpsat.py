@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_remat.errors import SolverError
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 from onnx_remat.passes.solve.child import run_worker
 
 OBJECTIVE_STEPS = 1e7
@@ -131,18 +131,18 @@ def solve_cpsat(
         model.save(given, None if warm_start is None else model.hint(warm_start), parameters)
         stop = stop or threading.Event()
         if not run_worker(WORKER, [str(given), str(answer)], answer, _reporter(model, progress), stop, "CP-SAT"):
-            return MilpOutcome(None, "interrupted", None)
+            return MilpOutcome(None, SolveStatus.INTERRUPTED, None)
         with np.load(answer) as found:
             status, values, bound = str(found["status"]), found["values"], float(found["bound"])
     if status == "MODEL_INVALID":
         raise SolverError("CP-SAT refused the model")
     if status == "INFEASIBLE":
-        return MilpOutcome(None, "infeasible", None)
+        return MilpOutcome(None, SolveStatus.INFEASIBLE, None)
     x = model.solution(values) if status in ("OPTIMAL", "FEASIBLE") else None
     bound = bound / model.objective_scale if math.isfinite(bound) else None
     if status == "OPTIMAL":
-        return MilpOutcome(x, "optimal", bound)
-    return MilpOutcome(x, "interrupted" if stop.is_set() else "time_limit", bound)
+        return MilpOutcome(x, SolveStatus.OPTIMAL, bound)
+    return MilpOutcome(x, SolveStatus.INTERRUPTED if stop.is_set() else SolveStatus.TIME_LIMIT, bound)
 
 
 def _reporter(model: IntegerModel, progress: MilpProgress | None) -> Callable[[str], None]:

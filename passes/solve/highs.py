@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from onnx_remat.passes.solve import highs_worker
-from onnx_remat.passes.solve.checkmate_milp import MilpOutcome, MilpProgress, SparseMilp
+from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 from onnx_remat.passes.solve.child import run_worker
 
 WORKER = Path(highs_worker.__file__)
@@ -51,7 +51,7 @@ def solve_highs(
     if in_process:
         arrays = highs_worker.model_arrays(milp)
         status, x, bound = highs_worker.run(arrays, options, warm_start, stop, progress, None, deadline)
-        return MilpOutcome(x, status, bound)
+        return MilpOutcome(x, SolveStatus(status), bound)
     return _in_child(milp, options, deadline, warm_start, progress, stop)
 
 
@@ -87,9 +87,10 @@ def _in_child(
             option_values=np.array(list(options.values()), dtype=float),
         )
         if not run_worker(WORKER, [str(given), str(answer)], answer, on_line, stop, "HiGHS"):
-            return MilpOutcome(_best_streamed(milp, answer.with_name("best.npy")), "interrupted", last_bound[0])
+            best = _best_streamed(milp, answer.with_name("best.npy"))
+            return MilpOutcome(best, SolveStatus.INTERRUPTED, last_bound[0])
         with np.load(answer) as found:
-            status, x, bound = str(found["status"]), found["x"], float(found["bound"])
+            status, x, bound = SolveStatus(str(found["status"])), found["x"], float(found["bound"])
     return MilpOutcome(x if len(x) else None, status, bound if math.isfinite(bound) else None)
 
 

@@ -30,7 +30,8 @@ STATUS = {
     highspy.HighsModelStatus.kInfeasible: "infeasible",
     highspy.HighsModelStatus.kInterrupt: "interrupted",
 }
-"""Outcome names of HiGHS's model statuses; any other is "time_limit"."""
+"""Outcome names of HiGHS's model statuses (values of backend.SolveStatus, which this script does not import);
+any other is "time_limit"."""
 
 
 def quiet_highs() -> highspy.Highs:
@@ -51,7 +52,7 @@ def quiet_highs() -> highspy.Highs:
 
 
 def model_arrays(milp: object) -> dict[str, np.ndarray]:
-    """The arrays of a SparseMilp (checkmate_milp.py) that `run` solves: costs, bounds, integrality and the
+    """The arrays of a SparseMilp (backend.py) that `run` solves: costs, bounds, integrality and the
     matrix column-wise."""
     matrix = milp.matrix.tocsc()
     return {

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnx_remat.passes.solve.checkmate_milp import MilpBuilder, SparseMilp
+from onnx_remat.passes.solve.backend import SolveStatus, SparseMilp
+from onnx_remat.passes.solve.checkmate_milp import MilpBuilder
 from onnx_remat.passes.solve.highs_worker import model_arrays, run
 from onnx_remat.passes.solve.min_budget import step_bytes
 from onnx_remat.problem import Problem
@@ -81,7 +82,7 @@ def _proven_bound(milp: SparseMilp, time_limit: float, stop: threading.Event) ->
     proves none (no placement fits, or the root LP unsolved)."""
     options = {"threads": 2, "random_seed": 0}
     status, _, bound = run(model_arrays(milp), options, None, stop, deadline=time.time() + time_limit)
-    return None if status == "infeasible" else bound
+    return None if status == SolveStatus.INFEASIBLE else bound
 
 
 @dataclass(frozen=True)

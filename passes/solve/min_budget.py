@@ -17,8 +17,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.baselines import on_device, placed, placed_baselines, segmentations
-from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, MilpOutcome, PeakRange, build_model
+from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
+from onnx_remat.passes.solve.baselines import fitting, on_device, placed, placed_baselines, segmentations
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
@@ -86,7 +87,7 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     outcome = _bounded_highs(model, left, model.assignment(schedule))
     if outcome.x is not None and _peak(problem, found := model.schedule(outcome.x), device) < peak:
         peak, schedule = _peak(problem, found, device), found
-    if outcome.status == "optimal":
+    if outcome.status == SolveStatus.OPTIMAL:
         return MinBudget(peak, peak, schedule)
     if outcome.bound is not None:
         lower = max(lower, math.ceil(outcome.bound * model.memory_unit - 0.5))
@@ -236,4 +237,4 @@ def _evicting(problem: Problem, deadline: float | None = None) -> Schedule | Non
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:
     """The first of `schedules` that is not None and fits every budget, or None."""
-    return next((s for s in schedules if s is not None and simulate(problem, s).fits(problem.budgets)), None)
+    return next((schedule for schedule, _ in fitting(problem, schedules)), None)

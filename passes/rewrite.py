@@ -26,9 +26,12 @@ keeps everything else (metadata, functions, value_info) with no round trip.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from onnx import DeviceConfigurationProto, ModelProto, NodeProto, StringStringEntryProto, defs, helper
 
 from onnx_remat.opmap import OpMap
+from onnx_remat.passes.partial_split import slice_partly_read_splits
 from onnx_remat.passes.reads import reads, rename_outer_reads
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
@@ -220,16 +223,33 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
     needed = {name for node in model.graph.node for name in reads(node)} | graph_outputs
     nodes = _without_dead_instances(emitter.nodes, graph_outputs, origin, needed)
     _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model), origin, needed)
+    read = {name for node in nodes for name in reads(node)} | graph_outputs
+    nodes, constants = slice_partly_read_splits(nodes, read, _shapes(model, origin))
     out = ModelProto()
     out.CopyFrom(model)
     devices = emitter.device_names
     out.ir_version = ir_version_for(model, len(devices))
     del out.graph.node[:]
     out.graph.node.extend(nodes)
+    out.graph.initializer.extend(constants)
     if len(devices) > 1:
         _set_device_configurations(out, devices)
     _carry_value_info(out, model, origin)
     return out
+
+
+def _shapes(model: ModelProto, origin: dict[str, str]) -> Callable[[str], list[int] | None]:
+    """A tensor's concrete shape in the rewritten graph, by the shape of the source tensor it is an instance of."""
+    values = {v.name: v for v in [*model.graph.value_info, *model.graph.output]}
+
+    def shape_of(name: str) -> list[int] | None:
+        value = values.get(origin.get(name, name))
+        dims = [] if value is None else value.type.tensor_type.shape.dim
+        concrete = value is not None and value.type.tensor_type.HasField("shape") and all(
+            d.HasField("dim_value") for d in dims)
+        return [d.dim_value for d in dims] if concrete else None
+
+    return shape_of
 
 
 def _without_dead_instances(

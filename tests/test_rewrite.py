@@ -195,3 +195,24 @@ def test_a_recomputation_read_only_by_dropped_nodes_is_dropped_too():
     feeds = random_feeds(original, seed=0)
     for got, want in zip(run(model, feeds), run(original, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=0)
+
+
+def test_a_split_read_in_part_becomes_slices_of_the_parts_read():
+    """Each instance of a Split serves one of its two readers: onnxruntime would hold the other, unread output to
+    the end of the run, so each becomes a Slice of the part read (tagged as the Split)."""
+    value = helper.make_tensor_value_info
+    nodes = [helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=1, num_outputs=2),
+             helper.make_node("Relu", ["a"], ["y"], name="relu"), helper.make_node("Neg", ["b"], ["z"], name="neg")]
+    graph = helper.make_graph(nodes, "g", [value("x", TensorProto.FLOAT, [4, 6])],
+                              [value("y", TensorProto.FLOAT, [4, 3]), value("z", TensorProto.FLOAT, [4, 3])])
+    original = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10))
+    C, F = Compute, Free
+    schedule = Schedule((C(0, 0), C(1, 1), F(0, 1), C(0, 2), C(2, 2), F(0, 2)))
+    model = rewrite(original, one_node_ops(original), schedule)
+    assert [(node.op_type, meta(node)["onnx_remat.origin"]) for node in model.graph.node] == [
+        ("Slice", "split"), ("Relu", "relu"), ("Slice", "split"), ("Neg", "neg")]
+    onnx.checker.check_model(model, full_check=True)
+    feeds = random_feeds(original, seed=0)
+    for got, want in zip(run(model, feeds), run(original, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)

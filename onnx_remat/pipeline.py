@@ -32,9 +32,9 @@ from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
+from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.rewrite import count_role, rewrite, tag_budgets
 from onnx_remat.passes.run_devices import build_plan, race
-from onnx_remat.passes.sequences import sequence_reads_to_slices
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
@@ -96,9 +96,7 @@ def prepare(
     """Load and check the model, fix its input shapes, and in train mode build the train step."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
-    original = sequence_reads_to_slices(load.load_model(model))
-    load.name_nodes(original)
-    load.fix_input_shapes(original, input_shapes or {})
+    original = to_proto(load.read_graph(model, input_shapes or {}))
     if mode == "infer":
         return PreparedModel(original, resolve_shapes(original), None)
     options = training or TrainingOptions()

@@ -31,7 +31,7 @@ from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
-from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
+from onnx_remat.passes.layers import group_training_graph
 from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.rewrite import count_role, rewrite, tag_budgets
 from onnx_remat.passes.run_devices import build_plan, race
@@ -107,9 +107,7 @@ def prepare(
         optimizer=options.optimizer,
         lr=options.lr,
     )
-    groups = training_groups(graph.model, graph.backward_groups)
-    model = graph.model
-    groups, roles = separate_graph_outputs(model, groups, group_roles(groups, graph.backward_groups))
+    model, groups, roles = group_training_graph(graph.model, graph.backward_groups)
     return PreparedModel(model, resolve_shapes(model), groups, roles)
 
 

@@ -33,7 +33,7 @@ from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_training_graph
 from onnx_remat.passes.manager import to_proto
-from onnx_remat.passes.rewrite import count_role, rewrite, tag_budgets
+from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
@@ -185,8 +185,8 @@ def remat(
     peaks = check_schedule(problem, result.schedule).peak_bytes
     minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
                    for known, peak in zip(minima, peaks, strict=True))
-    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
-    tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
+    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices,
+                        dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
                      recomputed_nodes=count_role(rewritten, "recompute"),
                      minimum_lower_bytes=None if searched[0] is None else searched[0].lower)

@@ -17,7 +17,7 @@ from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.measure_devices import measure_device_peaks
-from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
@@ -150,9 +150,8 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     schedule = solve(mixed, time_limit=PROOF_SECONDS).schedule
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
-    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)
     budgets = dict(zip(mixed.devices, mixed.budgets, strict=True))
-    tag_budgets(rewritten, budgets)
+    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices, budgets)
     return rewritten, budgets, prepared.model
 
 

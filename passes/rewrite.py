@@ -56,7 +56,7 @@ def rewrite(
     emitter.resident.update(out for name in opmap.prelude for out in by_name[name].output)
     emitter.pristine = {by_name[name].output[0]: by_name[name].input[0] for name in opmap.prelude
                         if by_name[name].op_type == "Sum" and len(by_name[name].input) == 1}
-    handed = _handed_over(model, opmap)
+    handed = _handed_over(model, by_name, opmap)
     instances: dict[int, int] = {}
     for step, event in enumerate(schedule.events):
         if isinstance(event, Free):
@@ -93,10 +93,9 @@ def _check_coverage(by_name: dict[str, NodeProto], opmap: OpMap) -> None:
         raise ValueError(f"nodes in no operator and not in the prelude: {sorted(missing)[:5]}")
 
 
-def _handed_over(model: ModelProto, opmap: OpMap) -> list[list[tuple[str, str]]]:
+def _handed_over(model: ModelProto, nodes: dict[str, NodeProto], opmap: OpMap) -> list[list[tuple[str, str]]]:
     """Per operator, the (tensor, producing node) pairs it hands to other operators or the graph: what a copy of
     its output moves (every such output of a multi-output node)."""
-    nodes = {node.name: node for node in model.graph.node}
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
         for name in reads(node):

@@ -19,8 +19,8 @@ from onnx_remat.options import DEFAULT_REPEATS
 from onnx_remat.passes import load
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.measure_devices import with_measured_peaks
-from onnx_remat.passes.rewrite import tagged_budgets
 from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
+from onnx_remat.tags import read_budgets
 
 
 def run_on_devices(
@@ -77,6 +77,6 @@ def _budgets(model: onnx.ModelProto, devices: tuple[Device, ...], budget: str | 
                 f"budget {value} for {name} is not in bytes: a run compares peaks with bytes (2GiB, 512MiB); "
                 "a percentage or min needs the original model"
             )
-    recorded = {name: Budget(absolute_bytes=value) for name, value in tagged_budgets(model).items()}
+    recorded = {name: Budget(absolute_bytes=value) for name, value in read_budgets(model).items()}
     merged = {**budgets_by_name(devices), **recorded, **given}
     return {name: b.absolute_bytes for name, b in merged.items() if name in names and b.absolute_bytes is not None}

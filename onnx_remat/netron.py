@@ -20,9 +20,9 @@ from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.report import Report
 from onnx_remat.schedule import Compute, Schedule
+from onnx_remat.tags import node_tags
 
 SIGNATURE = "netron:attachment"
-PREFIX = "onnx_remat."
 
 
 def attachment(model: onnx.ModelProto, problem: Problem, schedule: Schedule, report: Report) -> dict:
@@ -41,9 +41,9 @@ def attachment(model: onnx.ModelProto, problem: Problem, schedule: Schedule, rep
     metadata = [_item("model", "", name, value) for name, value in model_items]
     metrics = []
     for node in model.graph.node:
-        meta = {p.key.removeprefix(PREFIX): p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
-        metadata += [_item("node", node.name, key, value) for key, value in meta.items()]
-        step = int(meta.get("step", -1))
+        tags = node_tags(node)
+        metadata += [_item("node", node.name, key, value) for key, value in tags.items()]
+        step = -1 if tags.step is None else tags.step
         event = schedule.events[step] if 0 <= step < len(schedule.events) else None
         if not isinstance(event, Compute):
             continue

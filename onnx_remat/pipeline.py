@@ -31,10 +31,10 @@ from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
-from onnx_remat.passes.layers import group_roles, separate_graph_outputs, training_groups
-from onnx_remat.passes.rewrite import count_role, rewrite, tag_budgets
+from onnx_remat.passes.layers import group_training_graph
+from onnx_remat.passes.manager import to_proto
+from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
-from onnx_remat.passes.sequences import sequence_reads_to_slices
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
@@ -97,9 +97,7 @@ def prepare(
     """Load and check the model, fix its input shapes, and in train mode build the train step."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
-    original = sequence_reads_to_slices(load.load_model(model))
-    load.name_nodes(original)
-    load.fix_input_shapes(original, input_shapes or {})
+    original = to_proto(load.read_graph(model, input_shapes or {}))
     if mode == "infer":
         return PreparedModel(original, resolve_shapes(original), None)
     options = training or TrainingOptions()
@@ -110,9 +108,7 @@ def prepare(
         optimizer=options.optimizer,
         lr=options.lr,
     )
-    groups = training_groups(graph.model, graph.backward_groups)
-    model = graph.model
-    groups, roles = separate_graph_outputs(model, groups, group_roles(groups, graph.backward_groups))
+    model, groups, roles = group_training_graph(graph.model, graph.backward_groups)
     return PreparedModel(model, resolve_shapes(model), groups, roles)
 
 
@@ -190,8 +186,8 @@ def remat(
     peaks = result.simulation.peak_bytes
     minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
                    for known, peak in zip(minima, peaks, strict=True))
-    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices)
-    tag_budgets(rewritten, dict(zip(problem.devices, problem.budgets, strict=True)))
+    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices,
+                        dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
                      recomputed_nodes=count_role(rewritten, "recompute"),
                      minimum_lower_bytes=None if searched[0] is None else searched[0].lower)

@@ -1,5 +1,5 @@
-"""Load and validate an ONNX model: readable with its external weights, checker-clean, nodes named, input shapes
-fixed."""
+"""Load and validate an ONNX model: readable with its external weights, checker-clean; then, in onnx-ir, its
+nodes named and its input shapes fixed by in-place passes whose requires/ensures state what they need and give."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import functools
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError, UsageError, one_line
 from onnx_remat.model_files import read_model
+from onnx_remat.passes.manager import root_cause, run_passes
+from onnx_remat.passes.sequences import SequenceReadsToSlices
 
 
 def load_model(source: str | Path | onnx.ModelProto) -> onnx.ModelProto:
@@ -73,65 +76,100 @@ def _onnxruntime_version() -> str:
     return ort.__version__
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Give each graph input its concrete shape; every symbolic dimension must end up fixed."""
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
-    for name in shapes:
-        if name not in inputs:
-            raise UsageError(f"--input-shape names {name!r}, but the model's inputs are {', '.join(inputs)}")
-    for name, value in inputs.items():
-        dims = value.type.tensor_type.shape.dim
-        if name in shapes:
-            _set_shape(value, shapes[name])
-            _refuse_empty(value, "--input-shape gives")
-            continue
-        symbolic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
-        if symbolic:
-            example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "1" for d in dims)
-            raise ModelError(
-                f"input {name!r} has symbolic dimensions ({', '.join(symbolic)}): "
-                f"fix them with --input-shape {name}={example}"
-            )
-        _refuse_empty(value, "the model gives")
+class FixInputShapes(ir.passes.InPlacePass):
+    """Give graph inputs the shapes asked for. Requires every name asked for to be a graph input; ensures every
+    graph input has a concrete shape with no empty dimension (sizes downstream follow from these)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.shapes = shapes
+
+    def requires(self, model: ir.Model) -> None:
+        inputs = _graph_inputs(model.graph)
+        for name in self.shapes:
+            if name not in inputs:
+                raise UsageError(f"--input-shape names {name!r}, but the model's inputs are {', '.join(inputs)}")
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        inputs = _graph_inputs(model.graph)
+        for name, shape in self.shapes.items():
+            _set_shape(inputs[name], shape)
+        return ir.passes.PassResult(model, modified=bool(self.shapes))
+
+    def ensures(self, model: ir.Model) -> None:
+        for name, value in _graph_inputs(model.graph).items():
+            dims = _dims(value)
+            symbolic = [d.value or "?" for d in dims if not isinstance(d, int)]
+            if symbolic:
+                example = "x".join(str(d) if isinstance(d, int) else "1" for d in dims)
+                raise ModelError(f"input {name!r} has symbolic dimensions ({', '.join(symbolic)}): "
+                                 f"fix them with --input-shape {name}={example}")
+            if 0 in dims:
+                who = "--input-shape gives" if name in self.shapes else "the model gives"
+                raise ModelError(f"{who} input {name!r} an empty shape {'x'.join(map(str, dims))}: give every "
+                                 f"dimension a size above zero with --input-shape {name}=...")
 
 
-def _refuse_empty(value: onnx.ValueInfoProto, who: str) -> None:
-    """ModelError for an input with a zero-sized dimension: every tensor downstream may be empty, nothing to plan."""
-    dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-    if 0 in dims:
-        shape = "x".join(map(str, dims))
-        raise ModelError(f"{who} input {value.name!r} an empty shape {shape}: give every dimension a size above zero "
-                         f"with --input-shape {value.name}=...")
+def _graph_inputs(graph: ir.Graph) -> dict[str, ir.Value]:
+    """The graph's inputs that are not initializers, by name."""
+    return {value.name: value for value in graph.inputs if value.name not in graph.initializers}
 
 
-def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
-    dims = value.type.tensor_type.shape.dim
+def _dims(value: ir.Value) -> list[int | ir.SymbolicDim]:
+    """The value's dimensions as declared (none when it declares no shape)."""
+    return list(value.shape) if value.shape is not None else []
+
+
+def _set_shape(value: ir.Value, shape: tuple[int, ...]) -> None:
+    """Fix `value`'s shape at `shape`; UsageError if that changes its rank or a dimension it fixes."""
+    dims = _dims(value)
     if len(dims) != len(shape):
         raise UsageError(
             f"--input-shape gives {value.name!r} {len(shape)} dimensions, but the model declares {len(dims)}"
         )
     for dim, size in zip(dims, shape, strict=True):
-        if dim.HasField("dim_value") and dim.dim_value != size:
+        if isinstance(dim, int) and dim != size:
             raise UsageError(
-                f"--input-shape sets {value.name!r} to {shape}, but the model fixes that dimension at {dim.dim_value}"
+                f"--input-shape sets {value.name!r} to {shape}, but the model fixes that dimension at {dim}"
             )
-        dim.Clear()
-        dim.dim_value = size
+    value.shape = ir.Shape(shape)
 
 
-def name_nodes(model: onnx.ModelProto) -> None:
-    """Give every unnamed node a unique readable name; the rewrite and report refer to nodes by name."""
-    used = {node.name for node in model.graph.node if node.name}
-    seen: set[str] = set()
-    for index, node in enumerate(model.graph.node):
-        if node.name and node.name not in seen:
-            seen.add(node.name)
-            continue
-        base = node.name or f"{node.op_type}_{index}"
-        candidate, k = base, 1
-        while candidate in used or candidate in seen:
-            candidate, k = f"{base}_{k}", k + 1
-        node.name = candidate
-        seen.add(candidate)
-        used.add(candidate)
+class NameNodes(ir.passes.InPlacePass):
+    """Give every unnamed or duplicate-named node of the main graph a unique readable name (`<op>_<index>`): the
+    rewrite and the report refer to nodes by name. Ensures the main graph's node names are unique and non-empty.
+    Not onnx-ir's NameFixPass: that also names every unnamed value, and an omitted optional output (a Dropout's
+    mask) given a name is one the runtime computes and holds."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        used = {node.name for node in model.graph if node.name}
+        seen: set[str] = set()
+        modified = False
+        for index, node in enumerate(model.graph):
+            if node.name and node.name not in seen:
+                seen.add(node.name)
+                continue
+            base = node.name or f"{node.op_type}_{index}"
+            candidate, k = base, 1
+            while candidate in used or candidate in seen:
+                candidate, k = f"{base}_{k}", k + 1
+            node.name = candidate
+            seen.add(candidate)
+            used.add(candidate)
+            modified = True
+        return ir.passes.PassResult(model, modified)
+
+    def ensures(self, model: ir.Model) -> None:
+        names = [node.name for node in model.graph]
+        if not all(names) or len(set(names)) != len(names):
+            raise ValueError("NameNodes left a node unnamed or two nodes with one name")
+
+
+def read_graph(source: str | Path | onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]]) -> ir.Model:
+    """The model read and checked (`load_model`) into onnx-ir, with its sequence reads turned into slices, every
+    node named and its input shapes fixed."""
+    try:
+        model = ir.serde.deserialize_model(load_model(source))
+    except ir.serde.SerdeError as exc:
+        raise ModelError(f"onnx-ir cannot read the model: {one_line(root_cause(exc))}") from None
+    return run_passes(model, [SequenceReadsToSlices(), NameNodes(), FixInputShapes(input_shapes)])

@@ -19,12 +19,13 @@ Shape = Callable[[str], "list[int] | None"]
 
 def slice_partly_read_splits(
     nodes: list[NodeProto], read: set[str], shape_of: Shape
-) -> tuple[list[NodeProto], list[TensorProto]]:
+) -> tuple[list[NodeProto], list[TensorProto], dict[str, str]]:
     """`nodes` with each Split that has an unread output (but not none read) replaced by one Slice per read output,
-    tagged as the Split was, and the small constant tensors the Slices take. `read`: the tensors some node reads or
-    the graph returns."""
+    tagged as the Split was, the small constant tensors the Slices take, and each Slice's name -> its Split's.
+    `read`: the tensors some node reads or the graph returns."""
     kept: list[NodeProto] = []
     constants: list[TensorProto] = []
+    replaced: dict[str, str] = {}
     for node in nodes:
         outputs = [name for name in node.output if name]
         wanted = [name for name in outputs if name in read]
@@ -38,9 +39,10 @@ def slice_partly_read_splits(
             if name in wanted:
                 slice_node, tensors = _slice(node, name, axis, start, end)
                 kept.append(slice_node)
+                replaced[slice_node.name] = node.name
                 constants.extend(tensors)
             start = end
-    return kept, constants
+    return kept, constants, replaced
 
 
 def _axis(node: NodeProto, shape_of: Shape) -> int | None:

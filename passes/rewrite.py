@@ -11,11 +11,8 @@ schedule's first computation: a schedule on one device of several then has no ha
 is carried by the last instance of its tensor (the first one is then renamed `<name>__remat0`), so onnxruntime
 need not hold a stale instance to the end; copies nobody reads are dropped.
 
-Every node says in `metadata_props` what it is: `onnx_remat.role` (forward, backward, recompute, copy),
-`onnx_remat.origin` (the original node; for a copy, the node producing the tensor), `onnx_remat.device`
-(for a copy, the target; `onnx_remat.source` and `onnx_remat.target` name both ends), `onnx_remat.step`,
-and `layer_ann` = the device name: onnxruntime (1.32 here) pins a node to a provider by that key with the
-session option `session.layer_assignment_settings` (see `runtimes.layer_assignment_settings`). With more than
+Every node says in `metadata_props` what it is (role, origin, device, step: the schema of `onnx_remat.tags`), and
+the model records each device's budget. With more than
 one device the model also carries the machine-readable placement of IR v11: `ModelProto.configuration` lists
 the devices, each node's `device_configurations` names the device index of every tensor it writes (a copy:
 also of the tensor it reads); a single-device model stays at IR 10.
@@ -26,31 +23,30 @@ keeps everything else (metadata, functions, value_info) with no round trip.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from onnx import DeviceConfigurationProto, ModelProto, NodeProto, StringStringEntryProto, defs, helper
+from onnx import DeviceConfigurationProto, ModelProto, NodeProto, defs, helper
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.partial_split import slice_partly_read_splits
 from onnx_remat.passes.reads import reads, rename_outer_reads
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
+from onnx_remat.tags import PRELUDE_STEP, NodeTags, node_tags, write_budgets, write_tags
 
 # Node metadata_props need IR >= 10, device configurations IR >= 11. onnxruntime 1.31 reads at most IR 13
 # (1.32 reads 14), OpenVINO 2026 14.
 MIN_IR_VERSION = 10
 DEVICE_CONFIGURATION_IR_VERSION = 11
 MAX_IR_VERSION = 13
-PRELUDE_STEP = -1  # the `onnx_remat.step` of nodes run once up front, before the schedule's first event
-PREFIX = "onnx_remat."
-LAYER_KEY = "layer_ann"  # the node metadata key onnxruntime's session.layer_assignment_settings matches
 CONFIGURATION = "onnx_remat"  # the name of the model's DeviceConfigurationProto
-BUDGET_PREFIX = PREFIX + "budget."  # model metadata: `onnx_remat.budget.<device>` = the budget in bytes
 
 
 def rewrite(
-    model: ModelProto, opmap: OpMap, schedule: Schedule, device_names: tuple[str, ...] = ("cpu",)
+    model: ModelProto, opmap: OpMap, schedule: Schedule, device_names: tuple[str, ...] = ("cpu",),
+    budgets: Mapping[str, int] | None = None,
 ) -> ModelProto:
-    """A copy of `model` whose nodes are the prelude then the schedule's computations and copies, in its order."""
+    """A copy of `model` whose nodes are the prelude then the schedule's computations and copies, in its order;
+    with `budgets` (bytes by device name), recorded in its metadata."""
     by_name = {node.name: node for node in model.graph.node}
     _check_coverage(by_name, opmap)
     resident = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
@@ -61,7 +57,7 @@ def rewrite(
     emitter.resident.update(out for name in opmap.prelude for out in by_name[name].output)
     emitter.pristine = {by_name[name].output[0]: by_name[name].input[0] for name in opmap.prelude
                         if by_name[name].op_type == "Sum" and len(by_name[name].input) == 1}
-    handed = _handed_over(model, opmap)
+    handed = _handed_over(model, by_name, opmap)
     instances: dict[int, int] = {}
     for step, event in enumerate(schedule.events):
         if isinstance(event, Free):
@@ -75,24 +71,10 @@ def rewrite(
         role = opmap.role(event.op) if k == 0 else "recompute"
         for name in opmap.node_names[event.op]:
             emitter.emit(by_name[name], k, role, event.device, step)
-    return _assemble(model, emitter)
-
-
-def tag_budgets(model: ModelProto, budgets: dict[str, int]) -> None:
-    """Record each device's budget in bytes in the model's metadata, so a run can compare its peaks with them."""
-    kept = [p for p in model.metadata_props if not p.key.startswith(BUDGET_PREFIX)]
-    del model.metadata_props[:]
-    model.metadata_props.extend(kept)
-    model.metadata_props.extend(
-        StringStringEntryProto(key=BUDGET_PREFIX + name, value=str(value)) for name, value in budgets.items()
-    )
-
-
-def tagged_budgets(model: ModelProto) -> dict[str, int]:
-    """The budgets `tag_budgets` recorded, by device name."""
-    return {
-        p.key.removeprefix(BUDGET_PREFIX): int(p.value) for p in model.metadata_props if p.key.startswith(BUDGET_PREFIX)
-    }
+    rewritten = _assemble(model, emitter)
+    if budgets is not None:
+        write_budgets(rewritten, budgets)
+    return rewritten
 
 
 def ir_version_for(model: ModelProto, devices: int = 1) -> int:
@@ -112,10 +94,9 @@ def _check_coverage(by_name: dict[str, NodeProto], opmap: OpMap) -> None:
         raise ValueError(f"nodes in no operator and not in the prelude: {sorted(missing)[:5]}")
 
 
-def _handed_over(model: ModelProto, opmap: OpMap) -> list[list[tuple[str, str]]]:
+def _handed_over(model: ModelProto, nodes: dict[str, NodeProto], opmap: OpMap) -> list[list[tuple[str, str]]]:
     """Per operator, the (tensor, producing node) pairs it hands to other operators or the graph: what a copy of
     its output moves (every such output of a multi-output node)."""
-    nodes = {node.name: node for node in model.graph.node}
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
         for name in reads(node):
@@ -139,6 +120,7 @@ class _Emitter:
         self.device_names = device_names
         self.resident = resident  # tensors held on every device: graph inputs, parameters, prelude outputs
         self.nodes: list[NodeProto] = []
+        self.tags: dict[str, NodeTags] = {}  # emitted node name -> the tags written on it
         self.latest: dict[tuple[str, int], str] = {}  # (original tensor, device) -> its latest instance there
         self.last: dict[str, str] = {}  # original tensor name -> its latest instance on any device
         self.origin: dict[str, str] = {}  # instance name -> original tensor name
@@ -162,7 +144,7 @@ class _Emitter:
         for index, (name, renamed) in enumerate(zip(original.output, node.output, strict=True)):
             if name and not (instance and index and _trains(original)):
                 self._produced(name, renamed, device)
-        self._tag(node, role=role, origin=original.name, device=self.device_names[device], step=str(step))
+        self._tag(node, NodeTags(role, original.name, self.device_names[device], step))
         self.nodes.append(node)
 
     def _fresh_statistics(self, node: NodeProto, suffix: str, device: int, step: int) -> None:
@@ -172,7 +154,7 @@ class _Emitter:
             source = self.pristine.get(node.input[index], node.input[index])
             fresh = f"{node.input[index]}{suffix}"
             copy = helper.make_node("Sum", [source], [fresh], name=fresh)
-            self._tag(copy, role="recompute", origin=node.name, device=self.device_names[device], step=str(step))
+            self._tag(copy, NodeTags("recompute", node.name, self.device_names[device], step))
             self.nodes.append(copy)
             node.input[index] = fresh
 
@@ -186,8 +168,7 @@ class _Emitter:
             raise ValueError(f"step {step}: copying {tensor!r} from {names[source]}, where it was never computed")
         node = helper.make_node("Identity", [self.latest[(tensor, source)]], [name], name=name)
         self._produced(tensor, name, target)
-        self._tag(node, role="copy", origin=producer, device=names[target], step=str(step),
-                  source=names[source], target=names[target])
+        self._tag(node, NodeTags("copy", producer, names[target], step, names[source], names[target]))
         self.nodes.append(node)
 
     def _instance(self, name: str, device: int, reader: str) -> str:
@@ -203,11 +184,10 @@ class _Emitter:
         self.last[tensor] = instance
         self.origin[instance] = tensor
 
-    def _tag(self, node: NodeProto, **meta: str) -> None:
-        """Replace the node's metadata with the onnx_remat keys and `layer_ann` = its device."""
-        del node.metadata_props[:]
-        node.metadata_props.extend(StringStringEntryProto(key=PREFIX + k, value=v) for k, v in meta.items())
-        node.metadata_props.append(StringStringEntryProto(key=LAYER_KEY, value=meta["device"]))
+    def _tag(self, node: NodeProto, tags: NodeTags) -> None:
+        """Write `tags` on the node and keep them for the assembly."""
+        write_tags(node, tags)
+        self.tags[node.name] = tags
 
 
 def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
@@ -221,10 +201,12 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
     graph_outputs = {o.name for o in model.graph.output}
     origin = {renames.get(name, name): base for name, base in emitter.origin.items()}
     needed = {name for node in model.graph.node for name in reads(node)} | graph_outputs
-    nodes = _without_dead_instances(emitter.nodes, graph_outputs, origin, needed)
-    _drop_unread_optional_outputs(nodes, graph_outputs, _opsets(model), origin, needed)
+    tags = emitter.tags
+    nodes = _without_dead_instances(emitter.nodes, tags, graph_outputs, origin, needed)
+    _drop_unread_optional_outputs(nodes, tags, graph_outputs, _opsets(model), origin, needed)
     read = {name for node in nodes for name in reads(node)} | graph_outputs
-    nodes, constants = slice_partly_read_splits(nodes, read, _shapes(model, origin))
+    nodes, constants, replaced = slice_partly_read_splits(nodes, read, _shapes(model, origin))
+    tags.update({name: tags[split] for name, split in replaced.items()})
     out = ModelProto()
     out.CopyFrom(model)
     devices = emitter.device_names
@@ -233,7 +215,7 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(constants)
     if len(devices) > 1:
-        _set_device_configurations(out, devices)
+        _set_device_configurations(out, devices, tags)
     _carry_value_info(out, model, origin)
     return out
 
@@ -253,7 +235,8 @@ def _shapes(model: ModelProto, origin: dict[str, str]) -> Callable[[str], list[i
 
 
 def _without_dead_instances(
-    nodes: list[NodeProto], graph_outputs: set[str], origin: dict[str, str], needed: set[str]
+    nodes: list[NodeProto], tags: dict[str, NodeTags], graph_outputs: set[str], origin: dict[str, str],
+    needed: set[str],
 ) -> list[NodeProto]:
     """`nodes` less, until none is left, the nodes whose every output goes unread where the source model reads it,
     if a copy, a recomputation, or part of an instance another instance reads: a copy moving a tensor the target
@@ -261,35 +244,35 @@ def _without_dead_instances(
     recomputation only those read (an LSTM training step held 2 MiB of them at its peak). onnxruntime would hold
     their outputs until the run ends, which the problem (an instance's outputs freed when the schedule frees them)
     does not count. A first computation no other instance reads is the schedule's choice and stays whole."""
-    serving = _serving_steps(nodes, graph_outputs)
+    serving = _serving_steps(nodes, tags, graph_outputs)
     while True:
         read = {name for node in nodes for name in reads(node)} | graph_outputs
-        kept = [node for node in nodes if not _dead(node, read, origin, needed)
-                or (_meta(node, "role") not in ("copy", "recompute") and _meta(node, "step") not in serving)]
+        kept = [node for node in nodes if not _dead(node, tags[node.name], read, origin, needed)
+                or (tags[node.name].role not in ("copy", "recompute") and tags[node.name].step not in serving)]
         if len(kept) == len(nodes):
             return nodes
         nodes = kept
 
 
-def _serving_steps(nodes: list[NodeProto], graph_outputs: set[str]) -> set[str | None]:
+def _serving_steps(nodes: list[NodeProto], tags: Mapping[str, NodeTags], graph_outputs: set[str]) -> set[int | None]:
     """The steps of the instances some other instance reads or whose output the graph returns."""
-    step_of = {name: _meta(node, "step") for node in nodes for name in node.output if name}
+    step_of = {name: tags[node.name].step for node in nodes for name in node.output if name}
     serving = {step_of[name] for name in graph_outputs if name in step_of}
     for node in nodes:
-        step = _meta(node, "step")
+        step = tags[node.name].step
         serving |= {step_of[name] for name in reads(node) if name in step_of and step_of[name] != step}
     return serving
 
 
-def _dead(node: NodeProto, read: set[str], origin: dict[str, str], needed: set[str]) -> bool:
+def _dead(node: NodeProto, tags: NodeTags, read: set[str], origin: dict[str, str], needed: set[str]) -> bool:
     """Whether no output of `node` is read (a node that is no copy: and each stands for one the source reads)."""
-    if _meta(node, "role") == "copy":
+    if tags.is_copy:
         return node.output[0] not in read
     outputs = [name for name in node.output if name]
     return bool(outputs) and all(name not in read and origin.get(name, name) in needed for name in outputs)
 
 
-def _set_device_configurations(model: ModelProto, devices: tuple[str, ...]) -> None:
+def _set_device_configurations(model: ModelProto, devices: tuple[str, ...], tags: dict[str, NodeTags]) -> None:
     """IR v11 placement: a configuration listing the devices, and on each node the device index of every tensor
     it writes (a copy: also of the one it reads)."""
     index = {name: k for k, name in enumerate(devices)}
@@ -300,21 +283,17 @@ def _set_device_configurations(model: ModelProto, devices: tuple[str, ...]) -> N
     for node in model.graph.node:
         del node.device_configurations[:]
         placement = node.device_configurations.add(configuration_id=CONFIGURATION)
-        if _meta(node, "role") == "copy":
-            placement.sharding_spec.add(tensor_name=node.input[0], device=[index[_meta(node, "source")]])
+        node_tags = tags[node.name]
+        if node_tags.is_copy:
+            placement.sharding_spec.add(tensor_name=node.input[0], device=[index[node_tags.source]])
         for name in node.output:
             if name:
-                placement.sharding_spec.add(tensor_name=name, device=[index[_meta(node, "device")]])
+                placement.sharding_spec.add(tensor_name=name, device=[index[node_tags.device]])
 
 
 def count_role(model: ModelProto, role: str) -> int:
     """How many nodes of a rewritten model have this `onnx_remat.role` (recompute, copy...): what a user sees."""
-    return sum(1 for node in model.graph.node if _meta(node, "role") == role)
-
-
-def _meta(node: NodeProto, key: str) -> str | None:
-    """The node's `onnx_remat.<key>` metadata value, or None."""
-    return next((p.value for p in node.metadata_props if p.key == PREFIX + key), None)
+    return sum(1 for node in model.graph.node if node_tags(node).role == role)
 
 
 def _opsets(model: ModelProto) -> dict[str, int]:
@@ -323,7 +302,8 @@ def _opsets(model: ModelProto) -> dict[str, int]:
 
 
 def _drop_unread_optional_outputs(
-    nodes: list[NodeProto], graph_outputs: set[str], opsets: dict[str, int], origin: dict[str, str], needed: set[str]
+    nodes: list[NodeProto], tags: dict[str, NodeTags], graph_outputs: set[str], opsets: dict[str, int],
+    origin: dict[str, str], needed: set[str],
 ) -> None:
     """Blank the optional outputs no node reads on recomputations (a BatchNorm's running statistics, a
     Dropout mask), and on first computations where a later instance serves the readers (a MaxPool's indices
@@ -337,7 +317,7 @@ def _drop_unread_optional_outputs(
             continue
         schema = defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
         for index, name in enumerate(node.output):
-            served_elsewhere = _is_recompute(node) or origin.get(name, name) in needed
+            served_elsewhere = tags[node.name].role == "recompute" or origin.get(name, name) in needed
             if name and name not in read and served_elsewhere and _is_optional(schema, index):
                 node.output[index] = ""
 
@@ -346,11 +326,6 @@ def _trains(node: NodeProto) -> bool:
     """Whether `node` is a BatchNormalization in training mode."""
     return node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") and any(
         a.name == "training_mode" and a.i for a in node.attribute)
-
-
-def _is_recompute(node: NodeProto) -> bool:
-    """Whether `node` is a recomputation (by its role metadata)."""
-    return _meta(node, "role") == "recompute"
 
 
 def _is_optional(schema: defs.OpSchema, index: int) -> bool:

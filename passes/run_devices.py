@@ -37,10 +37,10 @@ from onnx import helper
 from onnx_remat.devices import Device
 from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.passes.measure import predicted_activation_peak
-from onnx_remat.passes.rewrite import PREFIX, PRELUDE_STEP
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.tags import PREFIX, PRELUDE_STEP, node_tags
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
 # Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several
@@ -258,19 +258,19 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
     names = ", ".join(index)
     placed = []
     for node in model.graph.node:
-        meta = {p.key.removeprefix(PREFIX): p.value for p in node.metadata_props if p.key.startswith(PREFIX)}
-        if "device" not in meta:
+        tags = node_tags(node)
+        if tags.device is None:
             raise ModelError(f"node {node.name!r} has no {PREFIX}device tag: run a model written by onnx-remat")
-        for tag in ("device", "source") if meta.get("role") == "copy" else ("device",):
-            if meta.get(tag) not in index:
+        for place in (tags.device, tags.source) if tags.is_copy else (tags.device,):
+            if place not in index:
                 raise UsageError(
-                    f"the model places node {node.name!r} on device {meta.get(tag)!r}, which the devices lack "
+                    f"the model places node {node.name!r} on device {place!r}, which the devices lack "
                     f"({names}): give the device file the model was rewritten for"
                 )
-        copy = meta.get("role") == "copy"
-        if copy and (node.op_type != "Identity" or len(node.input) != 1 or len(node.output) != 1):
+        if tags.is_copy and (node.op_type != "Identity" or len(node.input) != 1 or len(node.output) != 1):
             raise ModelError(f"copy node {node.name!r} must be an Identity with one input and one output")
-        placed.append(_Placed(node, index[meta["device"]], index[meta["source"]] if copy else None))
+        source = index[tags.source] if tags.is_copy and tags.source is not None else None
+        placed.append(_Placed(node, index[tags.device], source))
     return placed
 
 
@@ -323,7 +323,7 @@ class _Planner:
                                      self.initializers}  # tensor -> the device its (first) value is on
         self.held: set[Key] = set()  # values held to the end: graph inputs and prelude outputs where uploaded
         self.read_anywhere = {name for node in model.graph.node for name in node.input}
-        prelude = [n for n in model.graph.node if _meta(n, "step") == str(PRELUDE_STEP)]
+        prelude = [n for n in model.graph.node if node_tags(n).step == PRELUDE_STEP]
         self.resident = set(self.home) | {out for node in prelude for out in node.output if out}
 
     def build(self, groups: list[list[_Placed]]) -> Plan:
@@ -457,7 +457,3 @@ class _Planner:
             for name, device in dropped:
                 del held[device][name]
         return tuple(peaks)
-
-
-def _meta(node: onnx.NodeProto, key: str) -> str | None:
-    return next((p.value for p in node.metadata_props if p.key == PREFIX + key), None)

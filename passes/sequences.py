@@ -5,19 +5,21 @@ position read, so every value of the graph is a tensor with a size the solver ca
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 
 class SequenceReadsToSlices(ir.passes.InPlacePass):
-    """Replace each SequenceAt(SplitToSequence(x, split), p) with constant split and p by a Slice of x."""
+    """Replace each SequenceAt(SplitToSequence(x, split), p) with constant split and p by a Slice of x, then remove
+    what only the replaced nodes read (onnx-ir's RemoveUnusedNodesPass)."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
         for node in list(model.graph):
             if node.op_type == "SplitToSequence" and node.domain in ("", "ai.onnx"):
                 modified |= _slice_reads(model.graph, node)
+        if modified:
+            RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, modified)
 
 
@@ -64,11 +66,3 @@ def _chunk(sizes: np.ndarray, position: int) -> tuple[int, int]:
         return position * int(sizes), int(sizes)
     return int(sizes[:position].sum()), int(sizes[position])
 
-
-def sequence_reads_to_slices(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with SplitToSequence reads turned into Slices (the model itself when it has none)."""
-    if not any(n.op_type == "SplitToSequence" for n in model.graph.node):
-        return model
-    ir_model = ir.serde.deserialize_model(model)
-    ir.passes.PassManager([SequenceReadsToSlices(), RemoveUnusedNodesPass()])(ir_model)
-    return ir.serde.serialize_model(ir_model)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 from onnx import TensorProto, numpy_helper
@@ -26,7 +27,7 @@ from torch_oracle import leaves, loss_value, reference, run_forward, tensor
 from onnx_remat.errors import UsageError
 from onnx_remat.models import FIXTURES, MODELS
 from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
-from onnx_remat.passes.layers import training_groups
+from onnx_remat.passes.layers import check_topological, training_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from real_models import to_double  # noqa: E402
@@ -186,7 +187,8 @@ def test_sgd_step_matches_torch_optim() -> None:
         assert error <= 1e-5, f"{update} off by {error:.2e}"
     grouped = {n for names in graph.backward_groups.values() for n in names}
     assert {f"sgd/{p}" for p in graph.parameters} <= grouped
-    training_groups(graph.model, graph.backward_groups)  # still acyclic
+    ir_graph = ir.serde.deserialize_model(graph.model).graph
+    check_topological(ir_graph, training_groups(ir_graph, graph.backward_groups))
 
 
 def test_sgd_rejects_bad_arguments() -> None:

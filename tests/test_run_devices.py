@@ -17,7 +17,7 @@ from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.measure_devices import measure_device_peaks
-from onnx_remat.passes.rewrite import rewrite, tag_budgets
+from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
@@ -131,7 +131,7 @@ def test_plan_ends_a_segment_after_the_last_reader_of_a_copied_tensor():
 def test_only_a_mixed_schedule_fits_and_runs_with_the_original_numbers():
     """A training chain: each device's budget below what it needs alone; the solver's mixed schedule runs on
     both engines with the original numbers and every device's predicted peak within its budget."""
-    model, budgets, training = mixed_only(conv_chain(depth=3))
+    model, budgets, training = mixed_only(conv_chain(depth=4))
     feeds = random_feeds(training, seed=0)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=2, measure_memory=False)
     assert_same_outputs(result.outputs, training, feeds)
@@ -151,9 +151,8 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     schedule = solve(mixed, time_limit=PROOF_SECONDS).schedule
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
-    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices)
     budgets = dict(zip(mixed.devices, mixed.budgets, strict=True))
-    tag_budgets(rewritten, budgets)
+    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices, budgets)
     return rewritten, budgets, prepared.model
 
 
@@ -166,7 +165,7 @@ def test_measured_peaks_of_a_mixed_only_schedule_stay_within_budget_and_near_the
     im2col workspace the prediction counts for a Conv (fewer bytes), but adds layout-reorder buffers around
     convolutions (more): measured here at 0.8x; the test allows 0.5x to 1.1x, the upper end being what a budget
     can rely on. The engines keep (almost) nothing between runs: the runtimes release every call's buffers."""
-    model, budgets, training = mixed_only(conv_chain(depth=3, channels=16, size=64))
+    model, budgets, training = mixed_only(conv_chain(depth=4, channels=16, size=64))
     feeds = random_feeds(training, seed=0)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1)
     assert_same_outputs(result.outputs, training, feeds)

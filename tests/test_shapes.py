@@ -17,7 +17,8 @@ from onnx_remat import run_on_devices
 from onnx_remat.cli import main
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.execute import random_feeds, run
-from onnx_remat.passes.load import fix_input_shapes, load_model, name_nodes
+from onnx_remat.passes.load import read_graph
+from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.shapes import is_concrete, resolve_shapes
 from onnx_remat.pipeline import remat
 
@@ -168,9 +169,7 @@ def _resolved_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 @pytest.mark.parametrize("name", IN_GRAPH_SHAPES)
 def test_in_graph_shapes_of_exported_models_resolve_to_what_onnxruntime_computes(
         name: str, legacy_export: Callable[[str], Path]) -> None:
-    model = load_model(legacy_export(name))
-    name_nodes(model)
-    fix_input_shapes(model, {})
+    model = to_proto(read_graph(legacy_export(name), {}))
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     assert len(_resolved_shapes(inferred)) < sum(len(n.output) for n in model.graph.node)  # inference alone fails
     resolved = _resolved_shapes(resolve_shapes(model))

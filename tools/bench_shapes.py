@@ -26,7 +26,8 @@ from real_model_zoo import export, make
 from rich.console import Console
 from rich.table import Table
 
-from onnx_remat.passes.load import fix_input_shapes, load_model, name_nodes
+from onnx_remat.passes.load import load_model, read_graph
+from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.shapes import is_concrete, resolve_shapes
 from onnx_remat.pipeline import prepare
 
@@ -59,10 +60,7 @@ def median_seconds(work: Callable[[], object], repeats: int) -> float:
 
 def loaded(path: Path) -> onnx.ModelProto:
     """The model as the pipeline holds it before resolving shapes."""
-    model = load_model(path)
-    name_nodes(model)
-    fix_input_shapes(model, {})
-    return model
+    return to_proto(read_graph(path, {}))
 
 
 def unknown_after_inference(model: onnx.ModelProto) -> int:

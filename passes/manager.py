@@ -1,0 +1,54 @@
+"""Run onnx-ir passes the way the pipeline needs: in order, by onnx-ir's PassManager, with a user's error (a
+RematError raised in a pass or its requires/ensures) surfacing as itself rather than wrapped in onnx-ir's errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+import onnx_ir as ir
+
+from onnx_remat.errors import ModelError, RematError, one_line
+
+
+def run_passes(model: ir.Model, passes: Sequence[ir.passes.PassBase]) -> ir.Model:
+    """Run `passes` on `model` in order and return the resulting model (`model` itself when all are in place)."""
+    try:
+        return ir.passes.PassManager(passes)(model).model
+    except (ir.passes.PassError, ir.passes.InvariantError) as exc:
+        cause = _user_error(exc)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def _user_error(exc: BaseException | None) -> RematError | None:
+    """The first RematError in the chain of causes of `exc`, if any."""
+    while exc is not None and not isinstance(exc, RematError):
+        exc = exc.__cause__
+    return exc
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    """`model` serialised, less the value_info onnx-ir writes for every initializer (their shapes are in the
+    initializers), so a model reads after a round trip as it did before. ModelError for what onnx-ir cannot write
+    (a damaged file's name that is no UTF-8 text reads, but does not write)."""
+    try:
+        proto = ir.serde.serialize_model(model)
+    except ir.serde.SerdeError as exc:
+        raise ModelError(f"cannot write the model back from onnx-ir ({one_line(root_cause(exc))}): is every name "
+                         "in it UTF-8 text?") from None
+    graph = proto.graph
+    initializers = {init.name for init in graph.initializer}
+    kept = [info for info in graph.value_info if info.name not in initializers]
+    if len(kept) < len(graph.value_info):
+        graph.ClearField("value_info")
+        graph.value_info.extend(kept)
+    return proto
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost cause of `exc` (onnx-ir's serde errors wrap the one that says what went wrong)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc

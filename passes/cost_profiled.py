@@ -11,10 +11,10 @@ in and the outputs back as `onnx-remat run` does: `run_overhead_seconds`, which 
 
 With `method="in-graph"` an operator's cost is instead its share of what its nodes took inside runs of the whole
 model on each device (onnxruntime's profiler, OpenVINO's performance counters; the trimmed mean of IN_GRAPH_RUNS
-runs), scaled so that a device's costs add up to the whole model's time there without the profiler (whose own
-overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries the runtime's
-per-node overhead (measured on a chain of NODE_CHAIN one-element nodes: 0.17 us a node in onnxruntime here). A
-runtime that fuses across operators is then costed as it runs whole models: OpenVINO ran VGG16 inference in
+runs, fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
+profiler (whose own overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries
+the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes: 0.17 us a node in onnxruntime
+here). A runtime that fuses across operators is then costed as it runs whole models: OpenVINO ran VGG16 inference in
 0.24 ms whole against 0.36 ms for its operators alone, and its training step in 5.2 ms against 4.3 ms (measured).
 Time the runtime spends in nodes of its own (reorders) goes to the operator whose node or tensor they serve by name;
 what cannot be placed goes nowhere, and the scaling spreads it.
@@ -67,6 +67,8 @@ Progress = Callable[[int, int, str], None]
 CACHE_VERSION = 2
 METHODS = ("isolated", "in-graph")
 IN_GRAPH_RUNS = 15
+IN_GRAPH_SECONDS = 1.0
+"""About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (3 at least) for a model slower than that."""
 IN_GRAPH_TRIM = 0.2
 """Fraction of the in-graph runs dropped at each end before averaging: onnxruntime reports whole microseconds,
 so a median would round a small node's time, and the extremes are other processes' load."""
@@ -355,7 +357,8 @@ def _in_graph_costs(
     nodes = {node.name: node for node in model.graph.node}
     owner.update({out: owner[name] for name in owner for out in nodes[name].output if out})
     feeds = random_feeds(model, seed=0)
-    runs = runtime.node_seconds(model, feeds, IN_GRAPH_RUNS)
+    whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
+    runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(3, int(IN_GRAPH_SECONDS / whole))))
     per_run = np.zeros((len(runs), len(groups)))
     for r, timed in enumerate(runs):
         for name, seconds in timed.items():
@@ -364,12 +367,11 @@ def _in_graph_costs(
     trim = int(IN_GRAPH_TRIM * len(runs))
     shares = np.sort(per_run, axis=0)[trim:len(runs) - trim].mean(axis=0)
     per_node = _median_seconds(_node_chain(runtime), repeats, empty) / NODE_CHAIN
-    nodes = np.array([len(group) for group in groups])
-    whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
-    rest = max(whole - run_overhead - per_node * nodes.sum(), 0.0)
+    counts = np.array([len(group) for group in groups])
+    rest = max(whole - run_overhead - per_node * counts.sum(), 0.0)
     scale = rest / shares.sum() if shares.sum() > 0 else 0.0
     return tuple(max(float(per_node * count + seconds * scale), MIN_SECONDS)
-                 for count, seconds in zip(nodes, shares, strict=True))
+                 for count, seconds in zip(counts, shares, strict=True))
 
 
 def _owner(name: str, owner: dict[str, int]) -> int | None:

@@ -94,7 +94,8 @@ def add_device_options(parser: argparse.ArgumentParser, budgets_help: str) -> No
     parser.add_argument("--cost-model", choices=COST_MODELS,
                         help="operator costs: analytic (roofline), profiled (each operator timed alone on every "
                         "device) or in-graph (timed inside whole-model runs on every device); measured costs are "
-                        "cached; default profiled with several devices, else analytic")
+                        "cached; default this machine's own: in-graph with one device, profiled with several, the "
+                        "roofline where measuring fails (the summary says which)")
 
 
 def add_input_shape_option(parser: argparse.ArgumentParser,

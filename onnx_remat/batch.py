@@ -152,6 +152,7 @@ def _try(
             input_shapes=shapes,
             solver=solver,
             time_limit=time_limit,
+            cost_model="analytic",  # the search asks what fits; timing a model at every batch tried would cost more
         )
     except InfeasibleBudgetError as exc:
         return BatchTrial(batch, False, exc.minimum_bytes, status="below minimum"), None

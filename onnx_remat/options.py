@@ -7,6 +7,8 @@ from dataclasses import dataclass
 MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")
 """Roofline estimates; each operator timed alone on every device; or timed inside whole-model runs on each device."""
+COST_MODEL_VARIABLE = "ONNX_REMAT_COST_MODEL"
+"""The environment variable that replaces the default cost model (e.g. `analytic` where measuring is unwanted)."""
 DEFAULT_TIME_LIMIT = 60.0
 """Seconds a command may take, start-up and writing aside."""
 MINIMUM_SECONDS = 10.0

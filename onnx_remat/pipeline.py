@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -12,11 +13,12 @@ import onnx
 
 from onnx_remat.budget import Budget, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, UsageError
+from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, UsageError, one_line
 from onnx_remat.files import check_outputs, write_together
 from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
 from onnx_remat.options import (
+    COST_MODEL_VARIABLE,
     COST_MODELS,
     DEFAULT_TIME_LIMIT,
     LAST_SECONDS,
@@ -150,7 +152,7 @@ def remat(
     `budget`: one budget for every device, `name=budget,...` per device, a mapping, or None to take each
     device's from its device file. `cost_model`: "analytic", "profiled" (each operator measured alone on every
     device, cached in `cache_dir`) or "in-graph" (measured inside whole-model runs on every device, cached); by
-    default profiled with several devices, analytic with one. `emit_problem` and
+    default `default_cost_model`, and the roofline if measuring fails (the report says which). `emit_problem` and
     `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
     `pick_by_running`: with several devices, run the solver's schedule and each device's best schedule alone on the
     devices and keep the fastest (the report gives every time); predicted costs may misjudge a runtime.
@@ -162,10 +164,9 @@ def remat(
     started = time.perf_counter()
     devices = get_devices(devices)
     budgets = device_budgets(devices, budget)
-    cost_model = cost_model or ("profiled" if len(devices) > 1 else "analytic")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     prepared = prepare(model, mode, input_shapes, training)
-    graph, profiled = costed_problem(prepared, devices, cost_model, cache_dir, profile_progress)
+    graph, profiled, costs_used, source = _costs(prepared, devices, cost_model, cache_dir, profile_progress)
     proof_seconds = _search_seconds(time_limit, any(b.minimum for b in budgets.values()))
     problem, searched, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
     minima = tuple(None if m is None else m.feasible for m in searched)
@@ -188,7 +189,9 @@ def remat(
                    for known, peak in zip(minima, peaks, strict=True))
     rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices,
                         dict(zip(problem.devices, problem.budgets, strict=True)))
-    report = replace(build_report(name, mode, problem, minima[0], result), measured_choice=choice,
+    overhead = profiled.run_overhead_seconds[problem.devices[0]] if profiled and problem.num_devices == 1 else 0.0
+    report = replace(build_report(name, mode, problem, minima[0], result, overhead), measured_choice=choice,
+                     cost_model=costs_used, cost_source=source, run_overhead_seconds=overhead,
                      recomputed_nodes=count_role(rewritten, "recompute"),
                      minimum_lower_bytes=None if searched[0] is None else searched[0].lower)
     forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
@@ -261,6 +264,35 @@ def _label(problem: Problem, schedule: Schedule) -> str:
     used = {e.device for e in schedule.events if isinstance(e, Compute)} | {
         d for e in schedule.events if isinstance(e, Copy) for d in (e.source, e.target)}
     return "solver (mixed)" if len(used) > 1 else f"solver ({problem.devices[min(used, default=0)]} alone)"
+
+
+def default_cost_model(device_count: int) -> str:
+    """$ONNX_REMAT_COST_MODEL if set, else this machine's own: one device timed inside whole-model runs ("in-graph",
+    as `onnx-remat run` executes it), several each operator alone ("profiled", with the copies between them)."""
+    chosen = os.environ.get(COST_MODEL_VARIABLE) or ("profiled" if device_count > 1 else "in-graph")
+    if chosen not in COST_MODELS:
+        raise UsageError(f"${COST_MODEL_VARIABLE} is {chosen!r}: use {' or '.join(COST_MODELS)}")
+    return chosen
+
+
+def _costs(
+    prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
+    progress: ProfileProgress | None,
+) -> tuple[GraphProblem, ProfiledCosts | None, str, str]:
+    """The costed problem, the measurements, the cost model used and where its costs come from: `cost_model` as
+    asked, or by default measured, falling back to the roofline (saying why) when measuring is impossible here."""
+    chosen = cost_model or default_cost_model(len(devices))
+    try:
+        graph, profiled = costed_problem(prepared, devices, chosen, cache_dir, progress)
+    except Exception as exc:  # any runtime's failure to run the model: the roofline needs no runtime
+        if cost_model is not None:
+            raise
+        graph, _ = costed_problem(prepared, devices, "analytic")
+        return graph, None, "analytic", f"roofline estimates: measuring {chosen} costs failed ({one_line(exc)})"
+    if profiled is None:
+        return graph, None, chosen, "roofline estimates"
+    where = "read from the cache of" if profiled.from_cache else "measured"
+    return graph, profiled, chosen, f"{where} {', '.join(profiled.devices)} on this machine"
 
 
 def costed_problem(

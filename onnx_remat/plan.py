@@ -14,10 +14,13 @@ from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputa
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 
-def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int | None, result: SolveResult) -> Report:
-    """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines."""
+def build_report(
+    name: str, mode: str, problem: Problem, minimum_bytes: int | None, result: SolveResult, run_overhead: float = 0.0
+) -> Report:
+    """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines; the
+    predicted times of whole runs include `run_overhead`, the seconds a run costs beyond its operators."""
     simulation = result.simulation
-    keep_all_seconds = min(sum(costs) for costs in problem.cost)
+    keep_all_seconds = min(sum(costs) for costs in problem.cost) + run_overhead
     return Report(
         model=name,
         mode=mode,
@@ -28,11 +31,11 @@ def build_report(name: str, mode: str, problem: Problem, minimum_bytes: int | No
         minimum_budget_bytes=minimum_bytes,
         resident_bytes=problem.resident_bytes[0],
         predicted_peak_bytes=max(simulation.peak_bytes),
-        predicted_seconds=simulation.total_cost,
+        predicted_seconds=simulation.total_cost + run_overhead,
         keep_all_seconds=keep_all_seconds,
         recomputations=recomputations(problem, result.schedule),
         solver=SolverSummary(result.solver, result.status, result.objective, result.bound, result.gap, result.seconds),
-        baselines=baselines(problem),
+        baselines=baselines(problem, run_overhead),
         device_usage=device_usage(problem, result.schedule, simulation),
         copies=copies(problem, result.schedule),
     )
@@ -128,12 +131,13 @@ def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -
     )
 
 
-def baselines(problem: Problem) -> dict[str, BaselineResult]:
-    """Predicted time and peak of every baseline run entirely on each device, and whether it fits every budget."""
+def baselines(problem: Problem, run_overhead: float = 0.0) -> dict[str, BaselineResult]:
+    """Predicted time (`run_overhead` included) and peak of every baseline run entirely on each device, and whether it
+    fits every budget."""
     results = {}
     for name, schedule in placed_baselines(problem):
         simulation = simulate(problem, schedule)
         results[name] = BaselineResult(
-            simulation.total_cost, max(simulation.peak_bytes), simulation.fits(problem.budgets)
+            simulation.total_cost + run_overhead, max(simulation.peak_bytes), simulation.fits(problem.budgets)
         )
     return results

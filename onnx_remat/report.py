@@ -110,6 +110,12 @@ class Report:
     """Nodes of the rewritten model that are recomputations (an operator may span several nodes)."""
     minimum_lower_bytes: int | None = None
     """A budget no schedule fits under (proven): the minimum is exact when it equals `minimum_budget_bytes`."""
+    cost_model: str = "analytic"
+    """The cost model the times come from: analytic (roofline), profiled or in-graph (measured on this machine)."""
+    cost_source: str = "roofline estimates"
+    """Where the costs come from: measured now, read from the cache, or why measuring failed (roofline instead)."""
+    run_overhead_seconds: float = 0.0
+    """What a run costs beyond its operators (the runtime call, inputs in, outputs out), in the predicted times."""
 
     @property
     def time_overhead(self) -> float:
@@ -144,6 +150,9 @@ class Report:
             f"{recomputed} extra computations of {len(self.recomputations)} operators, "
             f"{1e3 * sum(r.added_seconds for r in self.recomputations):.3f} ms added",
             f"solver       {s.name}: {s.status}, gap {100 * s.gap:.2f}%, {s.seconds:.2f} s",
+            f"costs        {self.cost_model}: {self.cost_source}"
+            + (f", {self.run_overhead_seconds * 1e3:.3f} ms a run beyond the operators" if self.run_overhead_seconds
+               else ""),
         ]
         if where:
             lines.append(

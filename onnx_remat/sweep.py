@@ -7,9 +7,7 @@ curvature estimate, so that it means the same thing on a four-point sweep and a 
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,6 @@ from onnx_remat.devices import Device
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.execution import run_on_devices
 from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_TIME_LIMIT
-from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.load import load_model
 from onnx_remat.passes.measure import measure_activation_peak
 from onnx_remat.passes.solve.backend import SolveStatus
@@ -33,9 +30,9 @@ class SweepPoint:
     """One budget of a sweep: what was asked, what the solver predicted, what was measured (if asked).
 
     Infeasible budgets have status "infeasible", their requested bytes (if known) and the minimum feasible
-    budget; their time and peak fields are None. Measured on one device: the activation peak and time of the
-    rewritten model in onnxruntime; on several: the time of the multi-device execution (each device's segments on
-    its runtime, `run_on_devices`) and each device's measured peak (`measured_device_peak_bytes`).
+    budget; their time and peak fields are None. Measured: the time of the execution `onnx-remat run` times (each
+    device's segments on its runtime, `run_on_devices`); on one device the activation peak of the rewritten model in
+    onnxruntime, on several each device's measured peak (`measured_device_peak_bytes`).
     """
 
     label: str
@@ -136,8 +133,8 @@ def sweep(
 def _point(
     label: str, result: RematResult, measure: bool, repeats: int, devices: str | Path | Sequence[Device] | None
 ) -> SweepPoint:
-    """A feasible point from a remat result, measured if `measure`: on one device the activation peak and time in
-    onnxruntime; on several the multi-device execution's time and per-device peaks."""
+    """A feasible point from a remat result, measured if `measure`: the execution's time (`run_on_devices`), and on
+    one device the activation peak in onnxruntime, on several each device's peak."""
     report = result.report
     measured_bytes = measured_seconds = None
     device_peaks: tuple[tuple[str, int], ...] = ()
@@ -150,7 +147,8 @@ def _point(
             path = Path(workdir) / "model.onnx"
             onnx.save(result.model, str(path))
             measured_bytes = measure_activation_peak(path, repeats=repeats)
-            measured_seconds = median_seconds(result.model, repeats)
+        # timed as `onnx-remat run` times it, which the default cost model predicts
+        measured_seconds = run_on_devices(result.model, devices, repeats=repeats, measure_memory=False).seconds
     return SweepPoint(
         label=label,
         budget_bytes=report.budget_bytes,
@@ -169,18 +167,6 @@ def _point(
         copies=len(report.copies),
         measured_device_peak_bytes=device_peaks,
     )
-
-
-def median_seconds(model: onnx.ModelProto, repeats: int) -> float:
-    """Median wall time of one onnxruntime run in schedule order (after a warm-up run), one thread."""
-    session, feeds = ort_session(model, threads=1), random_feeds(model, seed=0)
-    session.run(None, feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def find_knee(points: tuple[SweepPoint, ...], knee_overhead: float) -> int | None:

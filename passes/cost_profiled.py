@@ -6,15 +6,18 @@ model as a standalone ONNX model (the tensors it reads from outside become graph
 initializers, what it produces becomes outputs) and timed on each device's runtime with inputs and outputs
 already resident there. A runtime call has a fixed overhead that a real schedule pays once per device
 switch, not once per operator: it is measured on a one-element model, taken out of the operator costs and
-charged to the copy into that device instead.
+charged to the copy into that device instead. A whole run on one device pays it once, and moving the graph inputs
+in and the outputs back as `onnx-remat run` does: `run_overhead_seconds`, which a single-device prediction adds.
 
 With `method="in-graph"` an operator's cost is instead its share of what its nodes took inside runs of the whole
 model on each device (onnxruntime's profiler, OpenVINO's performance counters; the trimmed mean of IN_GRAPH_RUNS
-runs), scaled so that a device's costs add up to the whole model's time there without the profiler (whose own
-overhead inflates onnxruntime's small nodes). A runtime that fuses across operators is then costed as it runs whole
-models: OpenVINO ran VGG16 inference in 0.24 ms whole against 0.36 ms for its operators alone, and its training
-step in 5.2 ms against 4.3 ms (measured). Time the runtime spends in nodes of its own (reorders) goes to the
-operator whose node or tensor they serve by name; what cannot be placed goes nowhere, and the scaling spreads it.
+runs, fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
+profiler (whose own overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries
+the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes: 0.17 us a node in onnxruntime
+here). A runtime that fuses across operators is then costed as it runs whole models: OpenVINO ran VGG16 inference in
+0.24 ms whole against 0.36 ms for its operators alone, and its training step in 5.2 ms against 4.3 ms (measured).
+Time the runtime spends in nodes of its own (reorders) goes to the operator whose node or tensor they serve by name;
+what cannot be placed goes nowhere, and the scaling spreads it.
 
 Plugging the numbers into the solver: build the Problem as usual, with the device names as the keys of
 `device_costs` (any NodeCost, e.g. the analytic one), profile its operators and replace the costs:
@@ -23,9 +26,9 @@ Plugging the numbers into the solver: build the Problem as usual, with the devic
     problem = profile_costs(model, graph.opmap.node_names, devices).apply(graph.problem)
 
 Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
-(not its weights), the groups, the devices and the runtime versions, so a second run is instant. An entry that
-cannot be read or does not fit (truncated, edited, negative or non-finite times) is measured again and rewritten,
-with a RematWarning; a cache that cannot be written is a warning too, never a failure.
+(not its weights), the groups, the devices, the runtime versions and the machine, so a second run is instant.
+An entry that cannot be read or does not fit (truncated, edited, negative or non-finite times) is measured again
+and rewritten, with a RematWarning; a cache that cannot be written is a warning too, never a failure.
 """
 
 from __future__ import annotations
@@ -61,12 +64,16 @@ from onnx_remat.problem import Problem
 
 Progress = Callable[[int, int, str], None]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 METHODS = ("isolated", "in-graph")
 IN_GRAPH_RUNS = 15
+IN_GRAPH_SECONDS = 1.0
+"""About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (3 at least) for a model slower than that."""
 IN_GRAPH_TRIM = 0.2
 """Fraction of the in-graph runs dropped at each end before averaging: onnxruntime reports whole microseconds,
 so a median would round a small node's time, and the extremes are other processes' load."""
+NODE_CHAIN = 100
+"""One-element nodes in the chain that measures a runtime's per-node overhead."""
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
@@ -83,6 +90,8 @@ class ProfiledCosts:
       is ready as an input on device e after `fixed + per_byte * b` seconds (zero for d == e); the fixed
       part includes a new runtime call on e.
     - `call_overhead_seconds[device]`: the runtime's fixed cost of one call on the device.
+    - `run_overhead_seconds[device]`: what a whole-model run on the device costs beyond its operators: the call,
+      and moving the graph inputs from the host and the outputs back.
     """
 
     devices: tuple[str, ...]
@@ -90,6 +99,7 @@ class ProfiledCosts:
     copy_seconds_per_byte: tuple[tuple[float, ...], ...]
     copy_fixed_seconds: tuple[tuple[float, ...], ...]
     call_overhead_seconds: dict[str, float]
+    run_overhead_seconds: dict[str, float]
     from_cache: bool = False
 
     def apply(self, problem: Problem) -> Problem:
@@ -123,6 +133,7 @@ class ProfiledCosts:
             copy_seconds_per_byte=tuple(tuple(row) for row in data["copy_seconds_per_byte"]),
             copy_fixed_seconds=tuple(tuple(row) for row in data["copy_fixed_seconds"]),
             call_overhead_seconds=dict(data["call_overhead_seconds"]),
+            run_overhead_seconds=dict(data["run_overhead_seconds"]),
             from_cache=from_cache,
         )
 
@@ -199,14 +210,15 @@ def _read_cache(path: Path, devices: tuple[Device, ...], operators: int) -> Prof
 
 def _check_fits(costs: ProfiledCosts, devices: tuple[str, ...], operators: int) -> None:
     """ValueError unless `costs` covers these devices and operators with finite, non-negative times."""
-    if costs.devices != devices or set(costs.cost) != set(devices) or set(costs.call_overhead_seconds) != set(devices):
+    overheads = (costs.call_overhead_seconds, costs.run_overhead_seconds)
+    if costs.devices != devices or set(costs.cost) != set(devices) or any(set(o) != set(devices) for o in overheads):
         raise ValueError(f"it is for devices {costs.devices}, not {devices}")
     if any(len(values) != operators for values in costs.cost.values()):
         raise ValueError(f"it does not hold {operators} operators per device")
     matrices = (costs.copy_seconds_per_byte, costs.copy_fixed_seconds)
     if any(len(matrix) != len(devices) or any(len(row) != len(devices) for row in matrix) for matrix in matrices):
         raise ValueError("its copy costs are not one per pair of devices")
-    times = [*(t for values in costs.cost.values() for t in values), *costs.call_overhead_seconds.values(),
+    times = [*(t for values in costs.cost.values() for t in values), *(t for o in overheads for t in o.values()),
              *(t for matrix in matrices for row in matrix for t in row)]
     if not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
         raise ValueError("it holds a time that is not a finite number of seconds at least 0")
@@ -239,6 +251,7 @@ def cache_key(
     payload = {
         "version": CACHE_VERSION,
         "runtimes": [ort.__version__, ov.__version__, platform.machine(), os.cpu_count()],
+        "machine": [platform.node(), _processor()],
         "opsets": [[o.domain, o.version] for o in model.opset_import],
         "nodes": [[n.name, n.domain, n.op_type, list(n.input), list(n.output), _attribute_digest(n)]
                   for n in model.graph.node],
@@ -249,6 +262,15 @@ def cache_key(
         "method": method,
     }
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:24]
+
+
+def _processor() -> str:
+    """The CPU's model name (Linux), else what the platform module says: costs differ between processors."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor()
 
 
 def _attribute_digest(node: onnx.NodeProto) -> str:
@@ -267,12 +289,16 @@ def _measure(
     runtimes = [runtime_for(d) for d in devices]
     empty = {runtime.device.name: _empty_call(runtime) for runtime in runtimes}
     overhead = {name: _median_seconds(call, max(repeats, 50)) for name, call in empty.items()}
+    feeds = random_feeds(model, seed=0)
+    run_overhead = {runtime.device.name: overhead[runtime.device.name] + _moves_seconds(runtime, model, feeds, repeats)
+                    for runtime in runtimes}
     per_device = len(groups) if method == "isolated" else 1
     steps = _Steps(len(devices) * (per_device + len(devices)), progress)
     if method == "isolated":
         cost = _operator_costs(model, groups, runtimes, empty, repeats, steps)
     else:
-        cost = {runtime.device.name: _in_graph_costs(model, groups, runtime, empty[runtime.device.name], repeats, steps)
+        cost = {runtime.device.name: _in_graph_costs(model, groups, runtime, empty[runtime.device.name],
+                                                     run_overhead[runtime.device.name], repeats, steps)
                 for runtime in runtimes}
     per_byte, fixed = _copy_matrices(runtimes, overhead, repeats, steps)
     steps.finish()
@@ -282,6 +308,7 @@ def _measure(
         copy_seconds_per_byte=per_byte,
         copy_fixed_seconds=fixed,
         call_overhead_seconds=overhead,
+        run_overhead_seconds=run_overhead,
     )
 
 
@@ -321,15 +348,17 @@ def _operator_costs(
 
 def _in_graph_costs(
     model: onnx.ModelProto, groups: list[tuple[str, ...]], runtime: Runtime, empty: Callable[[], object],
-    repeats: int, steps: _Steps,
+    run_overhead: float, repeats: int, steps: _Steps,
 ) -> tuple[float, ...]:
-    """Seconds of every group's nodes inside whole-model runs on the runtime's device (see the module docstring)."""
+    """Seconds of every group's nodes inside whole-model runs on the runtime's device: its nodes' per-node overhead
+    and its share of the rest of a run, the run's overhead taken out (see the module docstring)."""
     steps.step(f"whole model on {runtime.device.name}")
     owner = {name: g for g, group in enumerate(groups) for name in group}
     nodes = {node.name: node for node in model.graph.node}
     owner.update({out: owner[name] for name in owner for out in nodes[name].output if out})
     feeds = random_feeds(model, seed=0)
-    runs = runtime.node_seconds(model, feeds, IN_GRAPH_RUNS)
+    whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
+    runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(3, int(IN_GRAPH_SECONDS / whole))))
     per_run = np.zeros((len(runs), len(groups)))
     for r, timed in enumerate(runs):
         for name, seconds in timed.items():
@@ -337,9 +366,12 @@ def _in_graph_costs(
                 per_run[r, group] += seconds
     trim = int(IN_GRAPH_TRIM * len(runs))
     shares = np.sort(per_run, axis=0)[trim:len(runs) - trim].mean(axis=0)
-    whole = _median_seconds(runtime.prepare(model, feeds), repeats, empty)
-    scale = whole / shares.sum() if shares.sum() > 0 else 0.0
-    return tuple(max(float(seconds * scale), MIN_SECONDS) for seconds in shares)
+    per_node = _median_seconds(_node_chain(runtime), repeats, empty) / NODE_CHAIN
+    counts = np.array([len(group) for group in groups])
+    rest = max(whole - run_overhead - per_node * counts.sum(), 0.0)
+    scale = rest / shares.sum() if shares.sum() > 0 else 0.0
+    return tuple(max(float(per_node * count + seconds * scale), MIN_SECONDS)
+                 for count, seconds in zip(counts, shares, strict=True))
 
 
 def _owner(name: str, owner: dict[str, int]) -> int | None:
@@ -390,11 +422,40 @@ def _seconds(run: Callable[[], object]) -> float:
 
 def _empty_call(runtime: Runtime) -> Callable[[], object]:
     """A runtime call that does next to nothing (a Relu of one element): the runtime's per-call overhead."""
-    value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    result = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "overhead", [value], [result])
+    return _relu_chain(runtime, 1)
+
+
+def _node_chain(runtime: Runtime) -> Callable[[], object]:
+    """A call of NODE_CHAIN one-element Relus in a row: less an empty call, NODE_CHAIN times the per-node overhead."""
+    return _relu_chain(runtime, NODE_CHAIN + 1)
+
+
+def _relu_chain(runtime: Runtime, length: int) -> Callable[[], object]:
+    """A runtime call of `length` one-element Relus, each reading the one before."""
+    names = [f"t{k}" for k in range(length + 1)]
+    nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]], name=f"relu{k}") for k in range(length)]
+    value = helper.make_tensor_value_info(names[0], onnx.TensorProto.FLOAT, [1])
+    result = helper.make_tensor_value_info(names[-1], onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph(nodes, "overhead", [value], [result])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    return runtime.prepare(model, {"x": np.ones(1, np.float32)})
+    return runtime.prepare(model, {names[0]: np.ones(1, np.float32)})
+
+
+def _whole_run(runtime: Runtime, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+    """A whole-model run as `onnx-remat run` times it: the inputs moved from the host, the call, the outputs back."""
+    run = runtime.compile(model)
+    return lambda: [runtime.to_host(value) for value in run(
+        {name: runtime.from_host(array) for name, array in feeds.items()}).values()]
+
+
+def _moves_seconds(runtime: Runtime, model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int) -> float:
+    """Median seconds of moving the graph inputs onto the device and values shaped as its outputs back to the host
+    (without running the model, which may not fit in memory where its operators alone do)."""
+    infos = tensor_infos(model)
+    shapes = [infos[output.name] for output in model.graph.output]
+    outputs = [runtime.from_host(np.zeros(i.shape, helper.tensor_dtype_to_np_dtype(i.elem_type))) for i in shapes]
+    return _median_seconds(lambda: ([runtime.from_host(array) for array in feeds.values()],
+                                    [runtime.to_host(value) for value in outputs]), repeats)
 
 
 def _copy_fit(source: Runtime, target: Runtime, repeats: int) -> tuple[float, float]:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.budget import Budget
+from onnx_remat.options import COST_MODEL_VARIABLE
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
 from onnx_remat.pipeline import with_budgets
 from onnx_remat.problem import Problem
+
+# Tests that do not ask for a cost model get the roofline (commands run in child processes too): fast, and the same
+# costs on every run, so schedules do not change with the machine's load. tests/test_default_costs.py unsets it.
+os.environ[COST_MODEL_VARIABLE] = "analytic"
 
 
 def conv_chain(depth: int = 6, channels: int = 8, size: int = 16, batch: int | str = 1) -> onnx.ModelProto:

@@ -33,7 +33,8 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def profiled(cache) -> onnx_remat.RematResult:
     """skip_net on the two CPU engines with measured costs, ort-cpu at 80% of keep-all, ov-cpu at 100%."""
-    return onnx_remat.remat(skip_net(), "ort-cpu=80%,ov-cpu=100%", devices=TWO_ENGINES, cache_dir=cache)
+    return onnx_remat.remat(skip_net(), "ort-cpu=80%,ov-cpu=100%", devices=TWO_ENGINES, cache_dir=cache,
+                            cost_model="profiled")
 
 
 def test_two_devices_with_profiled_costs(profiled):
@@ -69,7 +70,8 @@ def test_two_device_model_runs_on_both_engines_within_its_budgets(profiled):
 
 
 def test_second_run_takes_the_costs_from_the_cache(profiled, cache):
-    again = onnx_remat.remat(skip_net(), "ort-cpu=80%,ov-cpu=100%", devices=TWO_ENGINES, cache_dir=cache)
+    again = onnx_remat.remat(skip_net(), "ort-cpu=80%,ov-cpu=100%", devices=TWO_ENGINES, cache_dir=cache,
+                            cost_model="profiled")
     assert again.profiled is not None and again.profiled.from_cache
     assert again.problem.cost == profiled.problem.cost
 

@@ -60,7 +60,6 @@ def test_measure_on_two_devices_runs_each_devices_segments_on_its_runtime(monkey
         raise AssertionError("a multi-device model was measured in onnxruntime alone")
 
     monkeypatch.setattr("onnx_remat.sweep.run_on_devices", recording)
-    monkeypatch.setattr("onnx_remat.sweep.median_seconds", single_runtime)
     monkeypatch.setattr("onnx_remat.sweep.measure_activation_peak", single_runtime)
     result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic", measure=True,
                    repeats=1)

@@ -4,9 +4,9 @@ Table 1 (paper: runtimes with sufficient budget): per network and batch size, th
 predicted and measured time of one training step. Table 2 (paper: full and 25% budget): the same at 25%
 of keep-all, with the overhead against the full budget; where 25% is infeasible the row says so and runs at
 the minimum feasible budget instead (its percentage of keep-all shown). By default one device (onnxruntime
-CPU, one thread, analytic costs, measured in onnxruntime); with --devices the paper's mixed setting: measured
-costs on every device, each budget per device, and the rewritten model executed on its devices
-(onnx_remat.run_on_devices); the budget column then shows the fullest device.
+CPU, the default cost model: measured on this machine); with --devices the paper's mixed setting: measured costs on
+every device, each budget per device; either way the rewritten model is executed on its devices as `onnx-remat run`
+does (onnx_remat.run_on_devices); the budget column then shows the fullest device.
 
     python tools/paper_tables.py                       # ResNet18 and U-Net, two batch sizes each, ~3-5 minutes
     python tools/paper_tables.py --cases resnet18:2,4,8 vgg16:2 --low 25% --time-limit 60
@@ -25,7 +25,6 @@ from rich.table import Table
 import onnx_remat
 from onnx_remat.budget import format_bytes
 from onnx_remat.models import build
-from onnx_remat.sweep import median_seconds
 
 DEFAULT_CASES = ("resnet18:2,4", "unet:1,2")
 BUILDER_ARGS = {"resnet18": {"resolution": 64}, "resnet34": {"resolution": 64}, "unet": {"resolution": 64}}
@@ -59,10 +58,7 @@ def solve_and_measure(
         result = onnx_remat.remat(model, fallback, mode="train", time_limit=time_limit, devices=devices)
         label = f"{budget} infeasible -> {fallback}"
     report = result.report
-    if devices is None:
-        measured = median_seconds(result.model, repeats)
-    else:
-        measured = onnx_remat.run_on_devices(result.model, devices, repeats=repeats).seconds
+    measured = onnx_remat.run_on_devices(result.model, devices, repeats=repeats, measure_memory=False).seconds
     return Run(
         label,
         report.budget_bytes,

@@ -37,6 +37,7 @@ from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
+from onnx_remat.passes.solve.proven import StopAtBound, meets
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
 
@@ -60,6 +61,11 @@ the backend overrunning its own limit (HiGHS: up to a second, measured; in its c
 after the deadline timer)."""
 
 
+STOPS_AT_BOUND = ("highs",)
+"""Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CP-SAT: its worker stopped right
+after reporting a solution aborts now and then (std::bad_function_call) and loses it (5 of 16 runs on a two-operator
+problem, measured); not CBC: a stop does not stop it."""
+
 OPTIMALITY_GAP = 1e-4
 """Relative gap at which a schedule counts as optimal: the backends' own (HiGHS's mip_rel_gap), and the memory-cut
 bound's, which spares the MILP when it proves the heuristics' schedule."""
@@ -70,7 +76,7 @@ BOUND_SHARE = 0.1
 
 def _proven(problem: Problem, incumbent: Schedule | None, bound: float) -> bool:
     """Whether `bound` proves `incumbent` optimal within OPTIMALITY_GAP."""
-    return incumbent is not None and _cost(problem, incumbent) - bound <= OPTIMALITY_GAP * _cost(problem, incumbent)
+    return incumbent is not None and meets(_cost(problem, incumbent), bound, OPTIMALITY_GAP)
 
 
 def _bound_seconds(time_limit: float | None) -> float:
@@ -139,7 +145,9 @@ def solve(
         if _proven(problem, incumbent, cut_bound):
             schedule, status, bound = incumbent, "optimal", cut_bound
         else:
-            schedule, status, bound = _solve_frontier(problem, backend, time_limit, progress, stop, incumbent, start)
+            schedule, status, bound = _solve_frontier(
+                problem, backend, time_limit, progress, stop, incumbent, start, cut_bound
+            )
     if status == "interrupted" and timed_out.is_set():
         status = "time_limit" if schedule is not incumbent else "heuristic"
     if schedule is None:
@@ -221,10 +229,12 @@ def _solve_frontier(
     stop: threading.Event,
     incumbent: Schedule | None,
     start: float,
+    proven_bound: float | None = None,
 ) -> tuple[Schedule | None, str, float | None]:
     """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds.
 
     `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
+    The backend stops once it finds a schedule that `proven_bound` (seconds) proves optimal: status "optimal".
     """
     if stop.is_set():
         return incumbent, "interrupted", None
@@ -234,9 +244,15 @@ def _solve_frontier(
     warm = None if incumbent is None else model.assignment(incumbent)
     remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
     remaining = None if remaining is None else max(0.01, remaining)
-    outcome = BACKENDS[solver](model.milp, remaining, warm, _scaled(progress, model, start), stop=stop)
+    report = _scaled(progress, model, start)
+    if proven_bound is not None and solver in STOPS_AT_BOUND:
+        report = StopAtBound(proven_bound, model.objective_unit, OPTIMALITY_GAP, stop, report)
+    outcome = BACKENDS[solver](model.milp, remaining, warm, report, stop=stop)
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
-    return *_pick(problem, model, outcome, incumbent), bound
+    schedule, status = _pick(problem, model, outcome, incumbent)
+    if isinstance(report, StopAtBound) and report.reached and status == "interrupted":
+        status = "optimal" if _proven(problem, schedule, proven_bound) else "time_limit"
+    return schedule, status, bound
 
 
 def _incumbent(

@@ -34,11 +34,11 @@ from pathlib import Path
 import highspy
 import numpy as np
 import pulp
-from scipy import sparse
 
 from onnx_remat.errors import SolverError
 from onnx_remat.passes.solve.highs_worker import highs_lp, model_arrays, quiet_highs
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
+from onnx_remat.passes.solve.sparse import Compressed
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Schedule
 
@@ -57,7 +57,7 @@ class SparseMilp:
     col_lower: np.ndarray
     col_upper: np.ndarray
     integer: np.ndarray
-    matrix: sparse.csr_matrix
+    matrix: Compressed
     row_lower: np.ndarray
     row_upper: np.ndarray
     byte_unit: float = 1.0
@@ -266,7 +266,7 @@ class MilpBuilder:
 
     def build(self, byte_unit: float) -> SparseMilp:
         shape = (len(self.row_lower), len(self.cost))
-        matrix = sparse.csr_matrix((self.entry_vals, (self.entry_rows, self.entry_cols)), shape=shape)
+        matrix = Compressed.from_entries(self.entry_rows, self.entry_cols, self.entry_vals, shape)
         return SparseMilp(
             cost=np.array(self.cost),
             col_lower=np.array(self.lower),

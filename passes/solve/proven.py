@@ -1,9 +1,9 @@
 """Stop a backend as soon as its incumbent meets a bound proven before it ran (the memory-cut bound).
 
 On training graphs the memory-cut bound often equals the optimum (on 16 of the 18 problems of the peers benchmark,
-seeded training chains and U-Nets, the best schedule known meets it; measured), so once the backend finds a schedule that cheap the schedule is proven optimal and the rest
-of its search, closing its own weaker bound, is wasted: HiGHS found the optimum of a 41-operator chain in 2 s and
-then spent 9 s proving it.
+seeded training chains and U-Nets, the best schedule known meets it; measured), so once the backend finds a
+schedule that cheap the schedule is proven optimal and the rest of its search, closing its own weaker bound, is
+wasted: HiGHS found the optimum of a 41-operator chain in 2 s and then spent 9 s proving it.
 """
 
 from __future__ import annotations

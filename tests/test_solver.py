@@ -335,12 +335,12 @@ def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
 
 def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():
     """The minimum budget of ResNet18's training step comes down to at most what the eviction heuristic and the best
-    Chen segmentation fit (both near half of keep-all here; the heuristic was below the segmentations at batch 8,
-    128x128: 27.7% of keep-all against 31.4%)."""
+    Chen segmentation fit (the heuristic was below the segmentations at batch 8, 128x128: 27.7% of keep-all against
+    31.4%)."""
     prepared = prepare(models.build("resnet18", batch=4, resolution=64), "train")
     graph = costed_problem(prepared, get_devices(None))[0].problem
     keep = graph.keep_all_bytes()
-    evicting = offload(with_budget(graph, keep // 2), 0)
+    evicting = offload(with_budget(graph, keep * 3 // 5), 0)
     assert evicting is not None
     heuristic = simulate(graph, evicting).peak_bytes[0]
     segmented = min(simulate(graph, schedule).peak_bytes[0] for schedule in segmentations(graph))

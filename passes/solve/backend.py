@@ -14,7 +14,8 @@ from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
-from scipy import sparse
+
+from onnx_remat.passes.solve.sparse import Compressed
 
 
 class SolveStatus(StrEnum):
@@ -49,7 +50,7 @@ class SparseMilp:
     col_lower: np.ndarray
     col_upper: np.ndarray
     integer: np.ndarray
-    matrix: sparse.csr_matrix
+    matrix: Compressed
     row_lower: np.ndarray
     row_upper: np.ndarray
     byte_unit: float = 1.0

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import sparse
 
 from onnx_remat.errors import SolverError
 from onnx_remat.passes.solve.backend import SparseMilp
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
+from onnx_remat.passes.solve.sparse import Compressed
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Matrices, Schedule
 
@@ -193,7 +193,7 @@ class MilpBuilder:
 
     def build(self, byte_unit: float) -> SparseMilp:
         shape = (len(self.row_lower), len(self.cost))
-        matrix = sparse.csr_matrix((self.entry_vals, (self.entry_rows, self.entry_cols)), shape=shape)
+        matrix = Compressed.from_entries(self.entry_rows, self.entry_cols, self.entry_vals, shape)
         return SparseMilp(
             cost=np.array(self.cost),
             col_lower=np.array(self.lower),

@@ -134,8 +134,9 @@ def _subscribe(
     improved: Callable[[np.ndarray], None] | None,
     every: float = 0.5,
 ) -> None:
-    """Interrupt HiGHS (LP, IPM, branch and bound) once `stop` is set; report progress and improving solutions."""
-    last = [-math.inf]
+    """Interrupt HiGHS (LP, IPM, branch and bound) once `stop` is set; report progress (at once when the incumbent
+    improves, so a caller waiting for a target stops HiGHS without delay) and improving solutions."""
+    last = [-math.inf, math.inf]  # time and incumbent of the last report
 
     def check(event: highspy.cb.HighsCallbackEvent) -> None:
         if stop.is_set():
@@ -144,8 +145,9 @@ def _subscribe(
     def progress(event: highspy.cb.HighsCallbackEvent) -> None:
         check(event)
         out = event.data_out
-        if report is not None and out.running_time - last[0] >= every:
-            last[0] = out.running_time
+        improved_now = out.mip_primal_bound < last[1]
+        if report is not None and (improved_now or out.running_time - last[0] >= every):
+            last[0], last[1] = out.running_time, out.mip_primal_bound
             finite = [v if math.isfinite(v) else None for v in (out.mip_primal_bound, out.mip_dual_bound)]
             report(out.running_time, *finite)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -10,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_remat.budget import Budget
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import with_budgets
 from onnx_remat.problem import Problem
+from onnx_remat.resolve import Minima, resolve_budgets
 
 
 def conv_chain(depth: int = 6, channels: int = 8, size: int = 16, batch: int | str = 1) -> onnx.ModelProto:
@@ -83,10 +85,9 @@ def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:
     single-device minimum, the second halfway between its minimum then and its single-device minimum; and those
     single-device minima."""
     alone = [minimum_budget(on_device(problem, d), time_limit=PROOF_SECONDS).feasible for d in range(2)]
-    names = problem.devices
     first = Budget(absolute_bytes=int(0.98 * alone[0]))
-    _, minima, _ = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)}, time_limit=PROOF_SECONDS)
+    minima = resolve_budgets(Minima(problem), [first, Budget(minimum=True)], True, PROOF_SECONDS).minima
     assert minima[1].feasible < alone[1]
     second = Budget(absolute_bytes=(minima[1].feasible + alone[1]) // 2)
-    mixed, _, _ = with_budgets(problem, {names[0]: first, names[1]: second}, time_limit=PROOF_SECONDS)
-    return mixed, alone
+    mixed = resolve_budgets(Minima(problem), [first, second], True, PROOF_SECONDS).budgets
+    return replace(problem, budgets=mixed), alone

@@ -14,6 +14,7 @@ from conftest import skip_net
 import onnx_remat
 from onnx_remat.cli import main
 from onnx_remat.errors import UsageError
+from onnx_remat.options import RematOptions
 from onnx_remat.plot import plot_sweep
 from onnx_remat.sweep import SweepPoint, find_knee, parse_budgets, sweep
 
@@ -35,7 +36,7 @@ def test_points_match_remat_and_infeasible_budgets_state_the_minimum() -> None:
 
 def test_sweep_on_two_devices_reports_each_devices_peak_within_its_budget() -> None:
     devices = str(Path(__file__).resolve().parent.parent / "devices" / "ort-cpu+ov-cpu.toml")
-    result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic")
+    result = sweep(skip_net(), parse_budgets("100%,70%"), RematOptions(devices=devices, cost_model="analytic"))
     for p in result.points:
         assert [name for name, _ in p.device_peak_bytes] == ["ort-cpu", "ov-cpu"]
         percent = float(p.label.rstrip("%")) / 100
@@ -62,8 +63,8 @@ def test_measure_on_two_devices_runs_each_devices_segments_on_its_runtime(monkey
     monkeypatch.setattr("onnx_remat.sweep.run_on_devices", recording)
     monkeypatch.setattr("onnx_remat.sweep.median_seconds", single_runtime)
     monkeypatch.setattr("onnx_remat.sweep.measure_activation_peak", single_runtime)
-    result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic", measure=True,
-                   repeats=1)
+    options = RematOptions(devices=devices, cost_model="analytic")
+    result = sweep(skip_net(), parse_budgets("100%,70%"), options, measure=True, repeats=1)
     assert len(runs) == 2
     for p, run in zip(result.points, runs, strict=True):
         assert p.measured_seconds == run.seconds > 0 and p.measured_activation_bytes is None

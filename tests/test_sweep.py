@@ -9,9 +9,11 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-from conftest import skip_net
+from conftest import conv_chain, skip_net
 
 import onnx_remat
+import onnx_remat.pipeline
+import onnx_remat.resolve
 from onnx_remat.cli import main
 from onnx_remat.errors import UsageError
 from onnx_remat.options import RematOptions
@@ -83,6 +85,31 @@ def test_knee_is_the_smallest_budget_within_the_overhead() -> None:
     assert find_knee(points, 0.01) == 0
     assert find_knee(points, 1.0) == 2
     assert find_knee(points[2:], 0.05) is None
+
+
+def test_a_sweep_prepares_once_and_searches_the_minimum_once(monkeypatch) -> None:
+    """A train-mode sweep of four budgets builds the train step once and, on one device, searches the minimum budget
+    once (each budget through `remat` did both four times); its minimum is the one `remat` gives."""
+    calls = {"train step": 0, "minimum": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr("onnx_remat.pipeline.build_training_graph",
+                        counting("train step", onnx_remat.pipeline.build_training_graph))
+    monkeypatch.setattr("onnx_remat.resolve.minimum_budget", counting("minimum", onnx_remat.resolve.minimum_budget))
+    options = RematOptions(mode="train", time_limit=4)
+    result = sweep(conv_chain(depth=2, size=8), parse_budgets("100%,90%,min,5%"), options)
+    assert calls == {"train step": 1, "minimum": 1}
+    points = {p.label: p for p in result.points}
+    assert points["100%"].feasible and points["min"].feasible and not points["5%"].feasible
+    least = onnx_remat.remat(conv_chain(depth=2, size=8), "min", options)
+    assert calls == {"train step": 2, "minimum": 2}
+    assert points["min"].budget_bytes == least.report.budget_bytes == points["5%"].minimum_bytes
 
 
 @pytest.mark.parametrize("text", ["", " , ", "100%,lots"])

@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
+
+if TYPE_CHECKING:
+    from onnx_remat.problem import Problem
 
 _UNITS = {
     "": 1, "b": 1,
@@ -79,18 +83,20 @@ def format_bytes(count: float) -> str:
 
 
 def below_minimum(
-    budget: int, minimum: int, keep_all: int, device: str | None = None, headroom: float = 0.0
+    problem: Problem, device: int, budget: int, minimum: int, headroom: float = 0.0
 ) -> InfeasibleBudgetError:
     """The one refusal of a budget below a device's minimum: the minimum in bytes and in percent of keep-all, and what
-    to raise. `device` None: the model's only device; `headroom`: the share taken off `budget` before it fell short."""
+    to raise; the device named when there are several. `headroom`: the share taken off `budget` before it fell short."""
+    keep_all = problem.keep_all_bytes(device)
     amount = f"{format_bytes(minimum)} ({minimum} bytes, {100 * minimum / keep_all:.1f}% of keep-all)"
     asked, least = format_bytes(budget), "that"
     if headroom:
         asked = f"{asked} less {100 * headroom:g}% headroom, {format_bytes(budget - int(headroom * budget))},"
         least = f"{format_bytes(math.ceil(minimum / (1 - headroom)))} or lower the headroom"
-    if device is None:
+    if problem.num_devices == 1:
         message = f"budget {asked} is below the minimum feasible budget {amount}: raise --budget to at least {least}"
     else:
-        message = (f"device {device}: budget {asked} is below its minimum feasible budget {amount} with the other "
-                   f"devices at their budgets: raise --budget {device}= to at least {least}")
+        name = problem.devices[device]
+        message = (f"device {name}: budget {asked} is below its minimum feasible budget {amount} with the other "
+                   f"devices at their budgets: raise --budget {name}= to at least {least}")
     return InfeasibleBudgetError(message, minimum)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from onnx_remat.budget import format_bytes
+from onnx_remat.budget import below_minimum, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
 from onnx_remat.errors import RematError, SolverError, UsageError
 from onnx_remat.files import check_outputs, write_together
@@ -42,7 +42,7 @@ from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
 from onnx_remat.report import MeasuredChoice, Report
-from onnx_remat.resolve import Minima, refusal, resolve_budgets, search_seconds
+from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
 from onnx_remat.schedule import Compute, Copy, Schedule
 
 RACE_ROUNDS = 15
@@ -281,13 +281,13 @@ def _time_left(time_limit: float | None, started: float) -> float | None:
 def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:
     """`problem` with `headroom` (a fraction) taken off every budget; refused if the headroom takes a device from
     at least its best known minimum to below it. A budget already below that minimum but above the proven lower bound
-    was let through by `with_budgets` for the solver to try, and stays so."""
+    was let through by `resolve_budgets` for the solver to try, and stays so."""
     if not 0 <= headroom < 1:
         raise UsageError(f"headroom must be a fraction in [0, 1), not {headroom}")
     budgets = tuple(budget - int(headroom * budget) for budget in problem.budgets)
     for device, (budget, minimum) in enumerate(zip(budgets, minima, strict=True)):
         if minimum is not None and budget < minimum <= problem.budgets[device]:
-            raise refusal(problem, device, problem.budgets[device], minimum, headroom)
+            raise below_minimum(problem, device, problem.budgets[device], minimum, headroom)
     return replace(problem, budgets=budgets)
 
 
@@ -328,6 +328,6 @@ def _short_budget(minima: Minima, problem: Problem, failure: SolverError, second
     is below the proven minimum, else the solver's error with the smallest budget known to fit."""
     minimum = minima.minimum(problem.budgets, 0, seconds)
     if problem.budgets[0] < minimum.lower:
-        return refusal(problem, 0, problem.budgets[0], minimum.feasible)
+        return below_minimum(problem, 0, problem.budgets[0], minimum.feasible)
     return SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
                        f"{minimum.feasible} bytes)")

@@ -71,16 +71,10 @@ def resolve_budgets(minima: Minima, budgets: Sequence[Budget], find_minimum: boo
         minimum = minima.minimum(requested, d, seconds / problem.num_devices)
         requested[d] = budget.resolve(keep[d], minimum.feasible)
         if requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):
-            raise refusal(problem, d, requested[d], minimum.feasible)
+            raise below_minimum(problem, d, requested[d], minimum.feasible)
         found.append(minimum)
     reached = tuple(m.schedule for m in found if m.schedule is not None)
     return Resolved(tuple(requested), tuple(found), reached)
-
-
-def refusal(problem: Problem, device: int, budget: int, minimum: int, headroom: float = 0.0) -> InfeasibleBudgetError:
-    """`below_minimum` for `device` of `problem`, named only when there are several."""
-    name = problem.devices[device] if problem.num_devices > 1 else None
-    return below_minimum(budget, minimum, problem.keep_all_bytes(device), name, headroom)
 
 
 def _refuse_below_resident(problem: Problem, requested: list[int]) -> None:

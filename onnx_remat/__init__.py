@@ -5,6 +5,11 @@
     result.save("model.remat.onnx")
     print(result.report.summary())
 
+    options = onnx_remat.RematOptions(mode="train", time_limit=30)
+    costed = onnx_remat.costed("model.onnx", options)   # prepared and costed once
+    for budget in ("75%", "50%", "min"):                # each device's minimum budget searched once
+        print(onnx_remat.rewritten(onnx_remat.solve_at(costed, budget, options)).report.summary())
+
 The names below load on first use: importing the package loads no runtime or solver.
 """
 
@@ -24,8 +29,16 @@ _EXPORTS = {
     "UsageError": "onnx_remat.errors",
     "run_on_devices": "onnx_remat.execution",
     "DeviceRun": "onnx_remat.passes.run_devices",
+    "RematOptions": "onnx_remat.options",
+    "TrainingOptions": "onnx_remat.options",
+    "CostedProblem": "onnx_remat.pipeline",
+    "PreparedModel": "onnx_remat.pipeline",
     "RematResult": "onnx_remat.pipeline",
+    "SolvedProblem": "onnx_remat.pipeline",
+    "costed": "onnx_remat.pipeline",
     "remat": "onnx_remat.pipeline",
+    "rewritten": "onnx_remat.pipeline",
+    "solve_at": "onnx_remat.pipeline",
 }
 """Public name -> the module that defines it."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from onnx_remat.devices import PRESETS
 from onnx_remat.errors import UsageError
-from onnx_remat.options import COST_MODELS, LOSSES, MODES, SOLVERS, TrainingOptions
+from onnx_remat.options import COST_MODELS, LOSSES, MODES, SOLVERS, RematOptions, TrainingOptions
 
 LONGEST_SECONDS = 7 * 24 * 3600.0
 """A week: longer limits overflow the solvers' and timers' clocks."""
@@ -78,6 +78,20 @@ def training_options(args: argparse.Namespace) -> TrainingOptions:
     return TrainingOptions(args.loss, tuple(args.freeze), args.optimizer, args.lr)
 
 
+def remat_options(args: argparse.Namespace) -> RematOptions:
+    """The RematOptions of the shared option groups a command's parser has: mode and train step, input shapes,
+    solver and time limit, and devices and cost model where it takes them."""
+    return RematOptions(
+        mode=args.mode,
+        training=training_options(args),
+        input_shapes=parse_input_shapes(args.input_shape),
+        solver=args.solver,
+        time_limit=args.time_limit,
+        devices=getattr(args, "devices", None),
+        cost_model=getattr(args, "cost_model", None),
+    )
+
+
 def add_solver_options(parser: argparse.ArgumentParser, time_limit: float, time_limit_help: str) -> None:
     """--solver and --time-limit (whose default and meaning differ by command)."""
     parser.add_argument("--solver", type=solver_name, default="auto",
@@ -102,6 +116,26 @@ def add_input_shape_option(parser: argparse.ArgumentParser,
                            help: str = "fix a graph input's shape, e.g. input=1x3x224x224 (repeatable)") -> None:
     """--input-shape NAME=DxDx..., repeatable."""
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx...", help=help)
+
+
+LARGEST_DIMENSION = 2**62
+"""Dimensions are int64 in ONNX; beyond this one no tensor could exist anyway."""
+
+
+def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse repeated NAME=1x3x224x224 options."""
+    shapes = {}
+    for value in values:
+        name, _, dims = value.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not name or not shape or any(not 0 < d < LARGEST_DIMENSION for d in shape):
+            raise UsageError(f"cannot read --input-shape {value!r}: write NAME=1x3x224x224 with positive sizes "
+                             f"below {LARGEST_DIMENSION}")
+        shapes[name] = shape
+    return shapes
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:

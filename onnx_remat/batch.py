@@ -9,16 +9,18 @@ schedule within its time limit (reported as such: a longer limit may fit it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
+from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, ModelError, SolverError
-from onnx_remat.options import DEFAULT_MAX_BATCH, DEFAULT_TIME_LIMIT
+from onnx_remat.options import DEFAULT_MAX_BATCH, RematOptions
 from onnx_remat.passes.load import load_model
-from onnx_remat.pipeline import RematResult, TrainingOptions, remat
+from onnx_remat.pipeline import CostedProblem, RematResult, SolvedProblem, costed, rewritten, solve_at
 
 
 @dataclass(frozen=True)
@@ -81,16 +83,15 @@ def shapes_for(
 def max_batch(
     model: str | Path | onnx.ModelProto,
     budget_bytes: int,
+    options: RematOptions | None = None,
     *,
-    mode: str = "infer",
-    training: TrainingOptions | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    solver: str = "auto",
-    time_limit: float | None = DEFAULT_TIME_LIMIT,
     limit: int = DEFAULT_MAX_BATCH,
     on_trial: Callable[[BatchTrial], None] | None = None,
 ) -> MaxBatch:
-    """The largest batch up to `limit` that fits `budget_bytes`, by doubling then bisection."""
+    """The largest batch up to `limit` that fits `budget_bytes`, by doubling then bisection.
+
+    Each batch tried is prepared, costed and solved (its shapes differ); only the largest that fits is rewritten."""
+    options = options or RematOptions()
     model = load_model(model)
     varied = batch_inputs(model)
     if not varied:
@@ -98,18 +99,21 @@ def max_batch(
             "no graph input has a symbolic first (batch) dimension, so there is no batch to vary: export the "
             "model with a dynamic batch axis (torch.onnx.export(..., dynamic_axes={'input': {0: 'batch'}}))"
         )
-    given = input_shapes or {}
+    given = dict(options.input_shapes)
     start = min((given[name][0] for name in varied if name in given), default=1)
+    devices = get_devices(options.devices)
     trials: list[BatchTrial] = []
-    best: RematResult | None = None  # the result of the largest batch that fits so far
+    best: SolvedProblem | None = None  # the solution of the largest batch that fits so far
 
     def fits(batch: int) -> bool:
         nonlocal best
-        shapes = shapes_for(model, varied, given, batch)
-        trial, result = _try(model, budget_bytes, batch, shapes, mode, training, solver, time_limit)
+        started = time.perf_counter()
+        # the search asks what fits: timing the model at every batch tried would cost more than the search
+        at_batch = replace(options, input_shapes=shapes_for(model, varied, given, batch), cost_model="analytic")
+        trial, solved = _try(costed(model, at_batch, devices), budget_bytes, at_batch, batch, started)
         trials.append(trial)
-        if result is not None and all(batch > t.batch for t in trials[:-1] if t.fits):
-            best = result
+        if solved is not None and all(batch > t.batch for t in trials[:-1] if t.fits):
+            best = solved
         if on_trial is not None:
             on_trial(trial)
         return trial.fits
@@ -129,36 +133,20 @@ def max_batch(
             low = middle
         else:
             high = middle
-    return MaxBatch(tuple(trials), low or None, best)
+    return MaxBatch(tuple(trials), low or None, None if best is None else rewritten(best))
 
 
 def _try(
-    model: onnx.ModelProto,
-    budget_bytes: int,
-    batch: int,
-    shapes: dict[str, tuple[int, ...]],
-    mode: str,
-    training: TrainingOptions | None,
-    solver: str,
-    time_limit: float | None,
-) -> tuple[BatchTrial, RematResult | None]:
-    """Solve at `batch`: the trial, and the result if it fits."""
+    problem: CostedProblem, budget_bytes: int, options: RematOptions, batch: int, started: float
+) -> tuple[BatchTrial, SolvedProblem | None]:
+    """Solve at `batch`: the trial, and the solution if it fits."""
     try:
-        result = remat(
-            model,
-            budget_bytes,
-            mode=mode,
-            training=training,
-            input_shapes=shapes,
-            solver=solver,
-            time_limit=time_limit,
-            cost_model="analytic",  # the search asks what fits; timing a model at every batch tried would cost more
-        )
+        solved = solve_at(problem, budget_bytes, options, started)
     except InfeasibleBudgetError as exc:
         return BatchTrial(batch, False, exc.minimum_bytes, status="below minimum"), None
     except SolverError:
         return BatchTrial(batch, False, status="no schedule in time limit"), None
-    report = result.report
+    report = solved.report()
     trial = BatchTrial(
         batch,
         True,
@@ -168,4 +156,4 @@ def _try(
         sum(r.extra_computations for r in report.recomputations),
         report.solver.status,
     )
-    return trial, result
+    return trial, solved

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from onnx_remat.errors import UsageError
+from onnx_remat.errors import InfeasibleBudgetError, UsageError
+
+if TYPE_CHECKING:
+    from onnx_remat.problem import Problem
 
 _UNITS = {
     "": 1, "b": 1,
@@ -24,9 +29,11 @@ class Budget:
     fraction: float | None = None
     minimum: bool = False
 
-    def resolve(self, keep_all_bytes: int, minimum_bytes: int) -> int:
-        """The budget in bytes, given the model's keep-all and minimum feasible memory."""
+    def resolve(self, keep_all_bytes: int, minimum_bytes: int | None = None) -> int:
+        """The budget in bytes, given the model's keep-all and (for `min`) minimum feasible memory."""
         if self.minimum:
+            if minimum_bytes is None:
+                raise ValueError("a budget of min resolves only against a known minimum")
             return minimum_bytes
         if self.fraction is not None:
             return int(keep_all_bytes * self.fraction)
@@ -73,3 +80,23 @@ def format_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
+
+
+def below_minimum(
+    problem: Problem, device: int, budget: int, minimum: int, headroom: float = 0.0
+) -> InfeasibleBudgetError:
+    """The one refusal of a budget below a device's minimum: the minimum in bytes and in percent of keep-all, and what
+    to raise; the device named when there are several. `headroom`: the share taken off `budget` before it fell short."""
+    keep_all = problem.keep_all_bytes(device)
+    amount = f"{format_bytes(minimum)} ({minimum} bytes, {100 * minimum / keep_all:.1f}% of keep-all)"
+    asked, least = format_bytes(budget), "that"
+    if headroom:
+        asked = f"{asked} less {100 * headroom:g}% headroom, {format_bytes(budget - int(headroom * budget))},"
+        least = f"{format_bytes(math.ceil(minimum / (1 - headroom)))} or lower the headroom"
+    if problem.num_devices == 1:
+        message = f"budget {asked} is below the minimum feasible budget {amount}: raise --budget to at least {least}"
+    else:
+        name = problem.devices[device]
+        message = (f"device {name}: budget {asked} is below its minimum feasible budget {amount} with the other "
+                   f"devices at their budgets: raise --budget {name}= to at least {least}")
+    return InfeasibleBudgetError(message, minimum)

@@ -28,7 +28,7 @@ from onnx_remat.arguments import (
     add_solver_options,
     check_not_mistyped_command,
     join_negative_values,
-    training_options,
+    remat_options,
 )
 from onnx_remat.budget import format_bytes
 from onnx_remat.errors import RematError, RematWarning, UsageError
@@ -118,26 +118,6 @@ def command_module(name: str):
     return importlib.import_module(f"onnx_remat.commands.{COMMANDS[name]}")
 
 
-LARGEST_DIMENSION = 2**62
-"""Dimensions are int64 in ONNX; beyond this one no tensor could exist anyway."""
-
-
-def parse_input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
-    """Parse repeated NAME=1x3x224x224 options."""
-    shapes = {}
-    for value in values:
-        name, _, dims = value.partition("=")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            shape = ()
-        if not name or not shape or any(not 0 < d < LARGEST_DIMENSION for d in shape):
-            raise UsageError(f"cannot read --input-shape {value!r}: write NAME=1x3x224x224 with positive sizes "
-                             f"below {LARGEST_DIMENSION}")
-        shapes[name] = shape
-    return shapes
-
-
 def _percent(text: str) -> float:
     """A percentage such as 3% (or 3) as a fraction in [0, 1)."""
     try:
@@ -155,8 +135,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     from onnx_remat.netron import default_path
     from onnx_remat.pipeline import prepare, remat
 
-    shapes = parse_input_shapes(args.input_shape)
-    training = training_options(args)
+    options = remat_options(args)
     if args.no_remat and args.mode != "train":
         raise UsageError("--no-remat writes the training graph: use it with --mode train")
     if args.budget is None and args.devices is None and not args.no_remat:
@@ -173,17 +152,15 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     if args.no_remat:
-        model = prepare(args.input, "train", shapes, training).model
+        model = prepare(args.input, "train", options.input_shapes, options.training).model
         write_together(_model_files(args, model, bool(weights)))
         console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
         return
     with _live_progress(console) as (on_profile, on_solve):
         result = remat(
-            args.input, args.budget, mode=args.mode, training=training, input_shapes=shapes,
-            solver=args.solver, time_limit=args.time_limit, progress=on_solve, devices=args.devices,
-            cost_model=args.cost_model, profile_progress=on_profile, emit_problem=args.emit_problem,
-            emit_mps=args.emit_mps, pick_by_running=args.pick_by_running, headroom=args.headroom,
-            find_minimum=bool(args.report),
+            args.input, args.budget, options, progress=on_solve, profile_progress=on_profile,
+            emit_problem=args.emit_problem, emit_mps=args.emit_mps, pick_by_running=args.pick_by_running,
+            headroom=args.headroom, find_minimum=bool(args.report),
         )
     summary = result.report.summary()
     write_together(_outputs(args, result))

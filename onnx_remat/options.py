@@ -2,7 +2,15 @@
 its parsers (and answers --help) without loading onnx, a runtime or a solver. The modules that take these options
 import them from here."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onnx_remat.devices import Device
 
 MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")
@@ -38,3 +46,37 @@ class TrainingOptions:
     freeze: tuple[str, ...] = ()
     optimizer: str | None = None
     lr: float = 0.01
+
+
+@dataclass(frozen=True)
+class RematOptions:
+    """How `remat`, `sweep` and `max_batch` prepare, cost and solve a model: every option but the model and budget.
+
+    `devices`: a preset name, a device file or Devices (default: one onnxruntime CPU device named cpu).
+    `cost_model`: "analytic", "profiled" (each operator measured alone on every device, cached in `cache_dir`) or
+    "in-graph" (measured inside whole-model runs on every device, cached); by default profiled with several devices,
+    analytic with one. `emit_problem` and `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so
+    they exist even if solving fails. `pick_by_running`: with several devices, run the solver's schedule and each
+    device's best schedule alone on the devices and keep the fastest (the report gives every time); predicted costs
+    may misjudge a runtime. `headroom`: the fraction of every budget the schedule leaves free, for what the runtimes
+    allocate beyond the tensors (measured in multi-device runs: 1-4% over the predicted peak); the report still
+    states the budgets. `find_minimum`: search each device's minimum budget for the report even when the budget does
+    not need it (with one device and an explicit budget the search is otherwise skipped, and the report's minimum is
+    None). `progress` sees the solver's incumbent and bound, `profile_progress` the cost measurements.
+    """
+
+    mode: str = "infer"
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    solver: str = "auto"
+    time_limit: float | None = DEFAULT_TIME_LIMIT
+    devices: str | Path | Sequence[Device] | None = None
+    cost_model: str | None = None
+    cache_dir: str | Path | None = None
+    headroom: float = 0.0
+    find_minimum: bool = True
+    pick_by_running: bool = False
+    emit_problem: str | Path | None = None
+    emit_mps: str | Path | None = None
+    progress: Callable[[float, float | None, float | None], None] | None = None
+    profile_progress: Callable[[int, int, str], None] | None = None

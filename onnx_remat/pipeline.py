@@ -1,31 +1,27 @@
-"""The end-to-end pipeline: load -> sizes and costs -> problem -> solve -> simulate -> rewrite."""
+"""The end-to-end pipeline in stages, each a value the next takes: a prepared model (loaded, shapes fixed, in train
+mode the train step) -> a costed problem (sizes and costs on the devices, each device's minimum budget searched once
+for all budgets) -> a solved problem (at one set of budgets) -> the rewritten model with its report.
+
+`remat` runs them all once; `sweep` and `max_batch` share the stages their points have in common."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
 
-from onnx_remat.budget import Budget, format_bytes
+from onnx_remat.budget import below_minimum, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError, UsageError, one_line
+from onnx_remat.errors import RematError, SolverError, UsageError, one_line
 from onnx_remat.files import check_outputs, write_together
 from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
-from onnx_remat.options import (
-    COST_MODEL_VARIABLE,
-    COST_MODELS,
-    DEFAULT_TIME_LIMIT,
-    LAST_SECONDS,
-    MINIMUM_SECONDS,
-    MODES,
-    TrainingOptions,
-)
+from onnx_remat.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import build_training_graph
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
@@ -43,15 +39,14 @@ from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import write_mps
-from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_lower_bound
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
 from onnx_remat.report import MeasuredChoice, Report
+from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
 from onnx_remat.schedule import Compute, Copy, Schedule
 
-Progress = Callable[[float, float | None, float | None], None]
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""
 
@@ -82,26 +77,32 @@ class RematResult:
 
 @dataclass(frozen=True)
 class PreparedModel:
-    """A checked model with concrete shapes (a train step in train mode) and its operator groups."""
+    """A checked model with concrete shapes (a train step in train mode) and its operator groups; the name and mode
+    the report states, and whether the input kept its weights in a data file."""
 
     model: onnx.ModelProto
     inferred: onnx.ModelProto
     groups: list[tuple[str, ...]] | None
     roles: tuple[str, ...] = ()
+    name: str = "model"
+    mode: str = "infer"
+    external_data: bool = False
 
 
 def prepare(
     model: str | Path | onnx.ModelProto,
     mode: str = "infer",
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
     """Load and check the model, fix its input shapes, and in train mode build the train step."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
-    original = to_proto(load.read_graph(model, input_shapes or {}))
+    name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
+    original = to_proto(load.read_graph(model, dict(input_shapes or {})))
+    source = {"name": name, "mode": mode, "external_data": has_external_data(model)}
     if mode == "infer":
-        return PreparedModel(original, resolve_shapes(original), None)
+        return PreparedModel(original, resolve_shapes(original), None, **source)
     options = training or TrainingOptions()
     graph = build_training_graph(
         resolve_shapes(original),
@@ -111,7 +112,7 @@ def prepare(
         lr=options.lr,
     )
     model, groups, roles = group_training_graph(graph.model, graph.backward_groups)
-    return PreparedModel(model, resolve_shapes(model), groups, roles)
+    return PreparedModel(model, resolve_shapes(model), groups, roles, **source)
 
 
 def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:
@@ -126,85 +127,185 @@ def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, .
     return tuple(dict.fromkeys(matched))
 
 
+@dataclass(frozen=True)
+class CostedProblem:
+    """A prepared model's problem on its devices (budgets still 0) with its costs and the measurements behind them,
+    if any; `minima` searches each device's minimum budget once for every budget solved at."""
+
+    prepared: PreparedModel
+    devices: tuple[Device, ...]
+    graph: GraphProblem
+    profiled: ProfiledCosts | None
+    minima: Minima = field(compare=False, repr=False)
+    cost_model: str = "analytic"
+    cost_source: str = "roofline estimates"
+    """The cost model used and where its costs come from (measured, read from the cache, or the roofline and why)."""
+
+    @property
+    def run_overhead(self) -> float:
+        """Seconds a run on one device costs beyond its operators (measured with the costs; 0 otherwise)."""
+        if self.profiled is None or len(self.devices) != 1:
+            return 0.0
+        return self.profiled.run_overhead_seconds[self.devices[0].name]
+
+    @property
+    def problem(self) -> Problem:
+        return self.graph.problem
+
+    @property
+    def opmap(self) -> OpMap:
+        return self.graph.opmap
+
+
+@dataclass(frozen=True)
+class SolvedProblem:
+    """A costed problem solved at one set of budgets: the problem with them, the solver's result (with the run
+    measurement that picked it, if any), each device's best known minimum budget and device 0's proven lower bound
+    (None where not searched)."""
+
+    costed: CostedProblem
+    problem: Problem
+    result: SolveResult
+    minimum_bytes: tuple[int | None, ...]
+    minimum_lower_bytes: int | None
+    measured_choice: MeasuredChoice | None = None
+
+    def report(self) -> Report:
+        """The report of this solution; `rewritten` adds the count of recomputed nodes in the rewritten graph."""
+        costed = self.costed
+        prepared, overhead = costed.prepared, costed.run_overhead
+        report = build_report(prepared.name, prepared.mode, self.problem, self.minimum_bytes[0], self.result, overhead)
+        return replace(report, measured_choice=self.measured_choice, minimum_lower_bytes=self.minimum_lower_bytes,
+                       cost_model=costed.cost_model, cost_source=costed.cost_source, run_overhead_seconds=overhead)
+
+
 def remat(
     model: str | Path | onnx.ModelProto,
     budget: BudgetSpec | None = "100%",
-    *,
-    mode: str = "infer",
-    training: TrainingOptions | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    solver: str = "auto",
-    time_limit: float | None = DEFAULT_TIME_LIMIT,
-    progress: Progress | None = None,
-    devices: str | Path | Sequence[Device] | None = None,
-    cost_model: str | None = None,
-    cache_dir: str | Path | None = None,
-    profile_progress: ProfileProgress | None = None,
-    emit_problem: str | Path | None = None,
-    emit_mps: str | Path | None = None,
-    pick_by_running: bool = False,
-    headroom: float = 0.0,
-    find_minimum: bool = True,
+    options: RematOptions | None = None,
+    **changes: object,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
 
-    `devices`: a preset name, a device file or Devices (default: one onnxruntime CPU device named cpu).
     `budget`: one budget for every device, `name=budget,...` per device, a mapping, or None to take each
-    device's from its device file. `cost_model`: "analytic", "profiled" (each operator measured alone on every
-    device, cached in `cache_dir`) or "in-graph" (measured inside whole-model runs on every device, cached); by
-    default `default_cost_model`, and the roofline if measuring fails (the report says which). `emit_problem` and
-    `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so they exist even if solving fails.
-    `pick_by_running`: with several devices, run the solver's schedule and each device's best schedule alone on the
-    devices and keep the fastest (the report gives every time); predicted costs may misjudge a runtime.
-    `headroom`: the fraction of every budget the schedule leaves free, for what the runtimes allocate beyond the
-    tensors (measured in multi-device runs: 1-4% over the predicted peak); the report still states the budgets.
-    `find_minimum`: search each device's minimum budget for the report even when the budget does not need it
-    (with one device and an explicit budget the search is otherwise skipped, and the report's minimum is None).
-    """
+    device's from its device file. `options` (RematOptions) says how; keywords change single options of it, as
+    `remat(model, "25%", mode="train", time_limit=30)`. The time limit counts from the start, preparing included."""
+    options = replace(options or RematOptions(), **changes)
     started = time.perf_counter()
-    devices = get_devices(devices)
+    devices = get_devices(options.devices)
     budgets = device_budgets(devices, budget)
-    name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    prepared = prepare(model, mode, input_shapes, training)
-    graph, profiled, costs_used, source = _costs(prepared, devices, cost_model, cache_dir, profile_progress)
-    proof_seconds = _search_seconds(time_limit, any(b.minimum for b in budgets.values()))
-    problem, searched, reached = with_budgets(graph.problem, budgets, find_minimum, proof_seconds)
-    minima = tuple(None if m is None else m.feasible for m in searched)
-    if emit_problem:
-        write_problem(problem, emit_problem)
-    if emit_mps:
-        write_mps(problem, emit_mps)
+    return rewritten(solve_at(costed(model, options, devices), budgets, options, started))
+
+
+def costed(
+    model: str | Path | onnx.ModelProto, options: RematOptions | None = None, devices: Sequence[Device] | None = None
+) -> CostedProblem:
+    """The first two stages as `options` say: `model` prepared, and its problem costed on `devices` (default the
+    options' devices)."""
+    options = options or RematOptions()
+    devices = get_devices(options.devices) if devices is None else devices
+    prepared = prepare(model, options.mode, options.input_shapes, options.training)
+    return _costs(prepared, devices, options.cost_model, options.cache_dir, options.profile_progress)
+
+
+def default_cost_model(device_count: int) -> str:
+    """$ONNX_REMAT_COST_MODEL if set, else this machine's own: one device timed inside whole-model runs ("in-graph",
+    as `onnx-remat run` executes it), several each operator alone ("profiled", with the copies between them)."""
+    chosen = os.environ.get(COST_MODEL_VARIABLE) or ("profiled" if device_count > 1 else "in-graph")
+    if chosen not in COST_MODELS:
+        raise UsageError(f"${COST_MODEL_VARIABLE} is {chosen!r}: use {' or '.join(COST_MODELS)}")
+    return chosen
+
+
+def _costs(
+    prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
+    progress: ProfileProgress | None,
+) -> CostedProblem:
+    """The costed problem with `cost_model` as asked, or by default measured, falling back to the roofline (saying
+    why) when measuring is impossible here."""
+    chosen = cost_model or default_cost_model(len(devices))
     try:
-        result = solve(with_headroom(problem, headroom, minima), solver=solver,
-                       time_limit=_time_left(time_limit, started), progress=progress, hints=reached)
+        costed = costed_problem(prepared, devices, chosen, cache_dir, progress)
+    except Exception as exc:  # any runtime's failure to run the model: the roofline needs no runtime
+        if cost_model is not None:
+            raise
+        source = f"roofline estimates: measuring {chosen} costs failed ({one_line(exc)})"
+        return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
+    if costed.profiled is None:
+        return costed
+    where = "read from the cache of" if costed.profiled.from_cache else "measured"
+    return replace(costed, cost_source=f"{where} {', '.join(costed.profiled.devices)} on this machine")
+
+
+def costed_problem(
+    prepared: PreparedModel,
+    devices: Sequence[Device],
+    cost_model: str = "analytic",
+    cache_dir: str | Path | None = None,
+    progress: ProfileProgress | None = None,
+) -> CostedProblem:
+    """The problem of a prepared model on `devices` (budgets still 0) with analytic (roofline) costs, or with
+    costs measured on every device ("profiled", cached in `cache_dir`)."""
+    if cost_model not in COST_MODELS:
+        raise UsageError(f"unknown cost model {cost_model!r}: use {' or '.join(COST_MODELS)}")
+    infos = tensor_infos(prepared.inferred)
+    roofline = Roofline()
+    costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
+    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    profiled = None
+    if cost_model != "analytic":
+        method = "isolated" if cost_model == "profiled" else "in-graph"
+        profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir,
+                                 progress=progress, method=method)
+        graph = replace(graph, problem=profiled.apply(graph.problem))
+    return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
+
+
+def solve_at(
+    costed: CostedProblem, budget: BudgetSpec | None, options: RematOptions | None = None,
+    started: float | None = None,
+) -> SolvedProblem:
+    """Solve `costed` at `budget` (as `remat` takes it), refusing a device's budget below its minimum; the time limit
+    counts from `started` (default now)."""
+    options = options or RematOptions()
+    started = time.perf_counter() if started is None else started
+    wanted = list(device_budgets(costed.devices, budget).values())
+    proof_seconds = search_seconds(options.time_limit, wanted)
+    resolved = resolve_budgets(costed.minima, wanted, options.find_minimum, proof_seconds)
+    problem = replace(costed.problem, budgets=resolved.budgets)
+    minima = tuple(None if m is None else m.feasible for m in resolved.minima)
+    if options.emit_problem:
+        write_problem(problem, options.emit_problem)
+    if options.emit_mps:
+        write_mps(problem, options.emit_mps)
+    try:
+        result = solve(with_headroom(problem, options.headroom, minima), solver=options.solver,
+                       time_limit=_time_left(options.time_limit, started), progress=options.progress,
+                       hints=resolved.reached)
     except SolverError as exc:
         if None in minima:  # not searched: say what the budget is short of
-            raise _short_budget(problem, exc, proof_seconds) from None
+            raise _short_budget(costed.minima, problem, exc, proof_seconds) from None
         raise
     choice = None
-    if pick_by_running:
-        result, choice = faster_by_running(prepared, graph.opmap, problem, result, devices)
+    if options.pick_by_running:
+        result, choice = faster_by_running(costed.prepared, costed.opmap, problem, result, costed.devices)
     peaks = result.simulation.peak_bytes
     minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
                    for known, peak in zip(minima, peaks, strict=True))
-    rewritten = rewrite(prepared.inferred, graph.opmap, result.schedule, problem.devices,
-                        dict(zip(problem.devices, problem.budgets, strict=True)))
-    overhead = profiled.run_overhead_seconds[problem.devices[0]] if profiled and problem.num_devices == 1 else 0.0
-    report = replace(build_report(name, mode, problem, minima[0], result, overhead), measured_choice=choice,
-                     cost_model=costs_used, cost_source=source, run_overhead_seconds=overhead,
-                     recomputed_nodes=count_role(rewritten, "recompute"),
-                     minimum_lower_bytes=None if searched[0] is None else searched[0].lower)
-    forward_count = graph.opmap.roles.count("forward") if graph.opmap.roles else None
-    return RematResult(rewritten, result.schedule, problem, report, forward_count, minima, profiled,
-                       has_external_data(model))
+    lower = None if resolved.minima[0] is None else resolved.minima[0].lower
+    return SolvedProblem(costed, problem, result, minima, lower, choice)
 
 
-def _search_seconds(time_limit: float | None, asked_for_minimum: bool) -> float:
-    """Time for the minimum-budget search: half the limit when a budget is `min` (the answer the user asked for),
-    else (a refusal's or the report's figure) at most MINIMUM_SECONDS of that half."""
-    if time_limit is None:
-        return MINIMUM_SECONDS
-    return time_limit / 2 if asked_for_minimum else min(MINIMUM_SECONDS, time_limit / 2)
+def rewritten(solved: SolvedProblem) -> RematResult:
+    """The last stage: the model rewritten to the solved schedule, its budgets tagged, with its report."""
+    costed = solved.costed
+    problem, schedule = solved.problem, solved.result.schedule
+    model = rewrite(costed.prepared.inferred, costed.opmap, schedule, problem.devices,
+                    dict(zip(problem.devices, problem.budgets, strict=True)))
+    report = replace(solved.report(), recomputed_nodes=count_role(model, "recompute"))
+    forward_count = costed.opmap.roles.count("forward") if costed.opmap.roles else None
+    return RematResult(model, schedule, problem, report, forward_count, solved.minimum_bytes, costed.profiled,
+                       costed.prepared.external_data)
 
 
 def _time_left(time_limit: float | None, started: float) -> float | None:
@@ -218,17 +319,13 @@ def _time_left(time_limit: float | None, started: float) -> float | None:
 def with_headroom(problem: Problem, headroom: float, minima: Sequence[int | None]) -> Problem:
     """`problem` with `headroom` (a fraction) taken off every budget; refused if the headroom takes a device from
     at least its best known minimum to below it. A budget already below that minimum but above the proven lower bound
-    was let through by `with_budgets` for the solver to try, and stays so."""
+    was let through by `resolve_budgets` for the solver to try, and stays so."""
     if not 0 <= headroom < 1:
         raise UsageError(f"headroom must be a fraction in [0, 1), not {headroom}")
     budgets = tuple(budget - int(headroom * budget) for budget in problem.budgets)
     for device, (budget, minimum) in enumerate(zip(budgets, minima, strict=True)):
         if minimum is not None and budget < minimum <= problem.budgets[device]:
-            raise InfeasibleBudgetError(
-                f"device {problem.devices[device]}: its budget less {100 * headroom:g}% headroom, "
-                f"{format_bytes(budget)}, is below its minimum {format_bytes(minimum)}: lower the headroom or raise "
-                "the budget", minimum
-            )
+            raise below_minimum(problem, device, problem.budgets[device], minimum, headroom)
     return replace(problem, budgets=budgets)
 
 
@@ -266,122 +363,11 @@ def _label(problem: Problem, schedule: Schedule) -> str:
     return "solver (mixed)" if len(used) > 1 else f"solver ({problem.devices[min(used, default=0)]} alone)"
 
 
-def default_cost_model(device_count: int) -> str:
-    """$ONNX_REMAT_COST_MODEL if set, else this machine's own: one device timed inside whole-model runs ("in-graph",
-    as `onnx-remat run` executes it), several each operator alone ("profiled", with the copies between them)."""
-    chosen = os.environ.get(COST_MODEL_VARIABLE) or ("profiled" if device_count > 1 else "in-graph")
-    if chosen not in COST_MODELS:
-        raise UsageError(f"${COST_MODEL_VARIABLE} is {chosen!r}: use {' or '.join(COST_MODELS)}")
-    return chosen
-
-
-def _costs(
-    prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
-    progress: ProfileProgress | None,
-) -> tuple[GraphProblem, ProfiledCosts | None, str, str]:
-    """The costed problem, the measurements, the cost model used and where its costs come from: `cost_model` as
-    asked, or by default measured, falling back to the roofline (saying why) when measuring is impossible here."""
-    chosen = cost_model or default_cost_model(len(devices))
-    try:
-        graph, profiled = costed_problem(prepared, devices, chosen, cache_dir, progress)
-    except Exception as exc:  # any runtime's failure to run the model: the roofline needs no runtime
-        if cost_model is not None:
-            raise
-        graph, _ = costed_problem(prepared, devices, "analytic")
-        return graph, None, "analytic", f"roofline estimates: measuring {chosen} costs failed ({one_line(exc)})"
-    if profiled is None:
-        return graph, None, chosen, "roofline estimates"
-    where = "read from the cache of" if profiled.from_cache else "measured"
-    return graph, profiled, chosen, f"{where} {', '.join(profiled.devices)} on this machine"
-
-
-def costed_problem(
-    prepared: PreparedModel,
-    devices: Sequence[Device],
-    cost_model: str = "analytic",
-    cache_dir: str | Path | None = None,
-    progress: ProfileProgress | None = None,
-) -> tuple[GraphProblem, ProfiledCosts | None]:
-    """The problem of a prepared model on `devices` (budgets still 0) with analytic (roofline) costs, or with
-    costs measured on every device ("profiled", cached in `cache_dir`); also the measurements, if any."""
-    if cost_model not in COST_MODELS:
-        raise UsageError(f"unknown cost model {cost_model!r}: use {' or '.join(COST_MODELS)}")
-    infos = tensor_infos(prepared.inferred)
-    roofline = Roofline()
-    costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
-    if cost_model == "analytic":
-        return graph, None
-    method = "isolated" if cost_model == "profiled" else "in-graph"
-    profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir,
-                             progress=progress, method=method)
-    return replace(graph, problem=profiled.apply(graph.problem)), profiled
-
-
-def with_budgets(problem: Problem, budgets: dict[str, Budget], find_minimum: bool = True,
-                 time_limit: float = MINIMUM_SECONDS,
-                 ) -> tuple[Problem, tuple[MinBudget | None, ...], tuple[Schedule, ...]]:
-    """Set each device's budget, resolved against its keep-all and minimum, refusing one below its minimum;
-    also return each device's minimum budget bounds (with the other devices at their budgets) and the schedules
-    that reached those minima (for the solver to start from).
-
-    Budgets of `min` are resolved in device order, each with the later `min` devices still at keep-all. With one
-    device, an explicit budget and not `find_minimum`, the minimum is searched only if the budget is below a quick
-    bound (to state it when refusing), and is None otherwise: the solver then proves a budget infeasible itself."""
-    keep = [problem.keep_all_bytes(d) for d in range(problem.num_devices)]
-    wanted = [budgets[name] for name in problem.devices]
-    requested = [keep[d] if b.minimum else b.resolve(keep[d], keep[d]) for d, b in enumerate(wanted)]
-    _refuse_below_resident(problem, requested)
-    if not find_minimum and problem.num_devices == 1 and not wanted[0].minimum and \
-            requested[0] >= quick_lower_bound(problem):
-        return replace(problem, budgets=tuple(requested)), (None,), ()
-    minima, reached = [], []
-    for d in range(problem.num_devices):
-        problem = replace(problem, budgets=tuple(requested))
-        minimum = minimum_budget(problem, d, time_limit / problem.num_devices)
-        if wanted[d].minimum:
-            requested[d] = minimum.feasible
-        elif requested[d] < minimum.lower or (requested[d] < minimum.feasible and minimum.lower == minimum.feasible):
-            raise InfeasibleBudgetError(_below_minimum(problem, d, requested[d], minimum.feasible), minimum.feasible)
-        minima.append(minimum)
-        reached.extend([] if minimum.schedule is None else [minimum.schedule])
-    return replace(problem, budgets=tuple(requested)), tuple(minima), tuple(reached)
-
-
-def _short_budget(problem: Problem, failure: SolverError, proof_seconds: float) -> RematError:
+def _short_budget(minima: Minima, problem: Problem, failure: SolverError, seconds: float) -> RematError:
     """For one device whose minimum was not searched and no schedule was found: InfeasibleBudgetError if the budget
     is below the proven minimum, else the solver's error with the smallest budget known to fit."""
-    minimum = minimum_budget(problem, 0, proof_seconds)
+    minimum = minima.minimum(problem.budgets, 0, seconds)
     if problem.budgets[0] < minimum.lower:
-        return InfeasibleBudgetError(_below_minimum(problem, 0, problem.budgets[0], minimum.feasible), minimum.feasible)
+        return below_minimum(problem, 0, problem.budgets[0], minimum.feasible)
     return SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
                        f"{minimum.feasible} bytes)")
-
-
-def _refuse_below_resident(problem: Problem, requested: list[int]) -> None:
-    """Refuse budgets that cannot hold what stays on a device all run, when more than one device has one
-    (with one, `with_budgets` states that device's minimum)."""
-    below = [d for d in range(problem.num_devices) if requested[d] < problem.resident_bytes[d]]
-    if len(below) > 1:
-        names = ", ".join(f"{problem.devices[d]} {format_bytes(requested[d])}" for d in below)
-        raise InfeasibleBudgetError(
-            f"budgets {names} are below the {format_bytes(problem.resident_bytes[below[0]])} "
-            f"({problem.resident_bytes[below[0]]} bytes) each device holds for the whole run (parameters, inputs): "
-            "raise them"
-        )
-
-
-def _below_minimum(problem: Problem, device: int, requested: int, minimum: int) -> str:
-    """The message for a budget below the minimum: the minimum in bytes and in percent of keep-all."""
-    keep = problem.keep_all_bytes(device)
-    amount = f"{format_bytes(minimum)} ({minimum} bytes, {100 * minimum / keep:.1f}% of keep-all)"
-    if problem.num_devices == 1:
-        return (
-            f"budget {format_bytes(requested)} is below the minimum feasible budget {amount}: "
-            "raise --budget to at least that"
-        )
-    name = problem.devices[device]
-    return (
-        f"device {name}: budget {format_bytes(requested)} is below its minimum feasible budget {amount} "
-        f"with the other devices at their budgets: raise --budget {name}= to at least that"
-    )

@@ -15,14 +15,13 @@ from pathlib import Path
 import onnx
 
 from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.devices import Device
+from onnx_remat.devices import Device, get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.execution import run_on_devices
-from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_TIME_LIMIT
-from onnx_remat.passes.load import load_model
+from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, RematOptions
 from onnx_remat.passes.measure import measure_activation_peak
 from onnx_remat.passes.solve.backend import SolveStatus
-from onnx_remat.pipeline import RematResult, TrainingOptions, remat
+from onnx_remat.pipeline import RematResult, costed, rewritten, solve_at
 
 
 @dataclass(frozen=True)
@@ -86,48 +85,32 @@ def parse_budgets(text: str) -> list[tuple[str, Budget]]:
 def sweep(
     model: str | Path | onnx.ModelProto,
     budgets: list[tuple[str, Budget]],
+    options: RematOptions | None = None,
     *,
-    mode: str = "infer",
-    training: TrainingOptions | None = None,
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    solver: str = "highs",
-    time_limit: float | None = DEFAULT_TIME_LIMIT,
     measure: bool = False,
     repeats: int = 3,
     knee_overhead: float = DEFAULT_KNEE_OVERHEAD,
-    devices: str | Path | Sequence[Device] | None = None,
-    cost_model: str | None = None,
 ) -> Sweep:
     """Solve `model` at every budget (infeasible ones recorded with the minimum), measuring if asked.
 
-    With several devices every budget applies to each device, as a percentage of that device's keep-all."""
-    name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    model = load_model(model)
+    The model is prepared and costed once, and each device's minimum budget searched once for all budgets it does
+    not depend on (all of them with one device); the time limit holds for each budget. With several devices every
+    budget applies to each device, as a percentage of that device's keep-all."""
+    options = options or RematOptions()
+    problem = costed(model, options, get_devices(options.devices))
+    keep_all = problem.problem.keep_all_bytes()
     points = []
-    refused: list[tuple[str, Budget, int | None]] = []
     for label, budget in budgets:
         try:
-            result = remat(
-                model,
-                budget,
-                mode=mode,
-                training=training,
-                input_shapes=input_shapes,
-                solver=solver,
-                time_limit=time_limit,
-                devices=devices,
-                cost_model=cost_model,
-            )
+            solved = solve_at(problem, budget, options)
         except InfeasibleBudgetError as exc:
-            refused.append((label, budget, exc.minimum_bytes))
+            minimum = exc.minimum_bytes
+            requested = budget.resolve(keep_all, minimum or 0)
+            points.append(SweepPoint(label, requested, SolveStatus.INFEASIBLE, minimum, keep_all_bytes=keep_all))
             continue
-        points.append(_point(label, result, measure, repeats, devices))
-    keep_all = next((p.keep_all_bytes for p in points), None)
-    for label, budget, minimum in refused:
-        requested = budget.resolve(keep_all, minimum or 0) if keep_all is not None else budget.absolute_bytes
-        points.append(SweepPoint(label, requested, SolveStatus.INFEASIBLE, minimum, keep_all_bytes=keep_all))
+        points.append(_point(label, rewritten(solved), measure, repeats, options.devices))
     ordered = tuple(sorted(points, key=lambda p: -(p.budget_bytes or 0)))
-    return Sweep(name, mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
+    return Sweep(problem.prepared.name, options.mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
 
 
 def _point(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -13,8 +14,8 @@ from onnx_remat.budget import Budget
 from onnx_remat.options import COST_MODEL_VARIABLE
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
-from onnx_remat.pipeline import with_budgets
 from onnx_remat.problem import Problem
+from onnx_remat.resolve import Minima, resolve_budgets
 
 # Tests that do not ask for a cost model get the roofline (commands run in child processes too): fast, and the same
 # costs on every run, so schedules do not change with the machine's load. tests/test_default_costs.py unsets it.
@@ -90,10 +91,9 @@ def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:
     single-device minimum, the second halfway between its minimum then and its single-device minimum; and those
     single-device minima."""
     alone = [minimum_budget(on_device(problem, d), time_limit=PROOF_SECONDS).feasible for d in range(2)]
-    names = problem.devices
     first = Budget(absolute_bytes=int(0.98 * alone[0]))
-    _, minima, _ = with_budgets(problem, {names[0]: first, names[1]: Budget(minimum=True)}, time_limit=PROOF_SECONDS)
+    minima = resolve_budgets(Minima(problem), [first, Budget(minimum=True)], True, PROOF_SECONDS).minima
     assert minima[1].feasible < alone[1]
     second = Budget(absolute_bytes=(minima[1].feasible + alone[1]) // 2)
-    mixed, _, _ = with_budgets(problem, {names[0]: first, names[1]: second}, time_limit=PROOF_SECONDS)
-    return mixed, alone
+    mixed = resolve_budgets(Minima(problem), [first, second], True, PROOF_SECONDS).budgets
+    return replace(problem, budgets=mixed), alone

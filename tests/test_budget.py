@@ -1,9 +1,12 @@
-"""Budget parsing: units, percentages, min, and clear errors."""
+"""Budget parsing: units, percentages, min, and clear errors; minimum budgets searched once."""
 
 import pytest
+from test_multidevice import problem as multi_problem
 
 from onnx_remat.budget import Budget, parse_budget
 from onnx_remat.errors import UsageError
+from onnx_remat.passes.solve.min_budget import MinBudget
+from onnx_remat.resolve import Minima
 
 
 @pytest.mark.parametrize(
@@ -34,3 +37,27 @@ def test_min_resolves_to_minimum():
 def test_malformed_budgets_raise_usage_error(text):
     with pytest.raises(UsageError, match="budget"):
         parse_budget(text)
+
+
+def test_minima_are_searched_once_per_other_budgets_and_again_only_longer_when_unproven(monkeypatch):
+    """A device's minimum depends on the other devices' budgets, not its own: searched once for each of theirs, and
+    again only when a longer search is asked of one that proved nothing."""
+    searches = []
+
+    def search(problem, device, seconds):
+        searches.append((problem.budgets, device, seconds))
+        return MinBudget(10, 20 if seconds < 5 else 10)
+
+    monkeypatch.setattr("onnx_remat.resolve.minimum_budget", search)
+    minima = Minima(multi_problem([(0, 1)], [1, 1], [[1, 1], [1, 1]], [100, 100]))
+    assert minima.minimum((100, 200), 0, 1) == MinBudget(10, 20)
+    assert minima.minimum((150, 200), 0, 1) == MinBudget(10, 20)  # its own budget changes nothing
+    assert minima.minimum((100, 300), 0, 1) == MinBudget(10, 20)
+    assert minima.minimum((100, 200), 0, 5) == MinBudget(10, 10)  # longer, and the first proved nothing
+    assert minima.minimum((100, 200), 0, 9) == MinBudget(10, 10)  # proven
+    assert searches == [((100, 200), 0, 1), ((100, 300), 0, 1), ((100, 200), 0, 5)]
+
+
+def test_min_resolves_only_against_a_known_minimum():
+    with pytest.raises(ValueError, match="known minimum"):
+        parse_budget("min").resolve(keep_all_bytes=1000)

@@ -36,7 +36,7 @@ KNOWN_UNDERCOUNTS = {("vgg16", "chen-sqrt-n")}
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def grouped(request):
     prepared = prepare(MODELS[request.param](), "train")
-    graph, _ = costed_problem(prepared, get_devices(None))
+    graph = costed_problem(prepared, get_devices(None))
     assert prepared.groups and any(len(group) > 1 for group in prepared.groups)
     return request.param, prepared, graph
 

@@ -85,7 +85,7 @@ def two_device_training(model: str, **kwargs) -> Problem:
     each device at a quarter of keep-all or, where no schedule found fits that, the smallest equal budget one
     does: memory is short."""
     prepared = prepare(models.build(model, **kwargs), "train")
-    single = costed_problem(prepared, get_devices(None))[0].problem
+    single = costed_problem(prepared, get_devices(None)).problem
     per_byte = 1.0 / Roofline().bytes_per_second
     two = replace(
         single,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -40,6 +41,27 @@ def test_largest_batch_fits_and_the_next_does_not() -> None:
     doubling = [b for b in tried if b & (b - 1) == 0]
     assert tried[: len(doubling)] == [2**i for i in range(len(doubling))]
     assert all(t.fits == (t.batch <= found.batch) for t in found.trials)
+
+
+def test_each_batch_is_prepared_and_searched_once_and_only_the_answer_rewritten(monkeypatch) -> None:
+    """Every batch tried is prepared once and its minimum searched once (its shapes differ); the rewrite runs once,
+    for the largest batch that fits."""
+    calls = {"prepare": 0, "minimum": 0, "rewrite": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    for name, target in [("prepare", "onnx_remat.pipeline.prepare"), ("minimum", "onnx_remat.resolve.minimum_budget"),
+                         ("rewrite", "onnx_remat.pipeline.rewrite")]:
+        module, attribute = target.rsplit(".", 1)
+        monkeypatch.setattr(target, counting(name, getattr(importlib.import_module(module), attribute)))
+    found = max_batch(conv_chain(batch="batch"), BUDGET, limit=8)
+    assert calls == {"prepare": len(found.trials), "minimum": len(found.trials), "rewrite": 1}
+    assert found.result.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == found.batch
 
 
 def test_limit_caps_the_search() -> None:

@@ -118,12 +118,13 @@ def test_headroom_refuses_only_the_budgets_it_takes_below_their_minimum():
     """A budget under the best known minimum but above the proven bound is the solver's to try: no headroom (or any
     headroom) lets it through; a headroom that takes a budget from its minimum to below it is refused by name."""
     graph = prepare(conv_chain(depth=2), "infer")
-    problem = costed_problem(graph, get_devices(None))[0].problem
+    problem = costed_problem(graph, get_devices(None)).problem
     problem = replace(problem, budgets=(1000,))
     assert with_headroom(problem, 0.0, (1200,)).budgets == (1000,)
     assert with_headroom(problem, 0.1, (1200,)).budgets == (900,)
     assert with_headroom(problem, 0.1, (800,)).budgets == (900,)
-    with pytest.raises(InfeasibleBudgetError, match="budget less 20% headroom, 800 B, is below its minimum 900 B"):
+    refusal = "budget 1000 B less 20% headroom, 800 B, is below the minimum feasible budget 900 B"
+    with pytest.raises(InfeasibleBudgetError, match=refusal):
         with_headroom(problem, 0.2, (900,))
 
 

@@ -130,7 +130,7 @@ def test_mixed_budgets_below_each_single_device_minimum(cache):
     """A training chain on the two engines: each budget below what its device needs alone, yet a mixed schedule fits."""
     devices = get_devices(TWO_ENGINES)
     prepared = prepare(conv_chain(depth=4), "train")
-    problem = costed_problem(prepared, devices, "profiled", cache)[0].problem
+    problem = costed_problem(prepared, devices, "profiled", cache).problem
     mixed, _ = mixed_only_budgets(problem)
     result = solve(mixed, time_limit=PROOF_SECONDS)
     simulation = check_schedule(mixed, result.schedule)

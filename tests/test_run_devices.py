@@ -60,7 +60,7 @@ def assert_same_outputs(got: dict[str, np.ndarray], model: onnx.ModelProto, feed
 @pytest.mark.parametrize(("mode", "block"), [("infer", 3), ("train", 5)])
 def test_alternating_placement_runs_with_the_original_numbers(mode, block):
     prepared = prepare(FIXTURE, mode)
-    graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = alternating(graph.problem, block)
     simulate(graph.problem, schedule)
     model = rewrite(prepared.inferred, graph.opmap, schedule, graph.problem.devices)
@@ -80,7 +80,7 @@ def test_a_schedule_on_the_second_device_runs_as_one_segment_there():
     of a two-engine model is one OpenVINO segment with no hand-off (it used to compute the prelude on onnxruntime
     and move its outputs over on every run: measured twice as slow as the same schedule given one device)."""
     prepared = prepare(FIXTURE, "train")
-    graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = placed(keep_all(on_device(graph.problem, 1)), 1)
     model = rewrite(prepared.inferred, graph.opmap, schedule, graph.problem.devices)
     assert graph.opmap.prelude
@@ -145,7 +145,7 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     budgets, and the training graph before rewriting."""
     devices = get_devices(TWO_ENGINES)
     prepared = prepare(model, "train")
-    graph, _ = costed_problem(prepared, devices, "analytic")
+    graph = costed_problem(prepared, devices, "analytic")
     mixed, alone = mixed_only_budgets(graph.problem)
     assert all(budget < need for budget, need in zip(mixed.budgets, alone, strict=True))
     schedule = solve(mixed, time_limit=PROOF_SECONDS).schedule
@@ -246,7 +246,7 @@ def test_pick_by_running_keeps_whichever_schedule_runs_fastest():
     """The alternating placement against keep-all on each engine alone, all run on the engines in turns: the fastest
     by measurement is kept (alternating pays a hand-off every three operators), and every time is reported."""
     prepared = prepare(FIXTURE, "infer")
-    graph, _ = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     problem = replace(graph.problem, budgets=tuple(graph.problem.keep_all_bytes(d) for d in range(2)))
     mixed = alternating(problem, 3)
     alone = tuple(placed(keep_all(on_device(problem, d)), d) for d in range(2))

@@ -62,6 +62,6 @@ def test_bad_input_exit_codes(capsys, tmp_path: Path):
     assert run_cli(capsys, tmp_path / "bad.json")[0] == 3
     assert run_cli(capsys, path, "--budget", "nodevice=1MiB")[0] == 2
     code, err = run_cli(capsys, path, "--budget", "10B")
-    assert code == 4 and "below" in err
+    assert code == 4 and "is below the minimum feasible budget" in err  # as the main command says it
     (tmp_path / "exists.json").write_text("")
     assert run_cli(capsys, path, "--report", tmp_path / "exists.json")[0] == 5

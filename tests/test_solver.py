@@ -338,7 +338,7 @@ def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():
     Chen segmentation fit (the heuristic was below the segmentations at batch 8, 128x128: 27.7% of keep-all against
     31.4%)."""
     prepared = prepare(models.build("resnet18", batch=4, resolution=64), "train")
-    graph = costed_problem(prepared, get_devices(None))[0].problem
+    graph = costed_problem(prepared, get_devices(None)).problem
     keep = graph.keep_all_bytes()
     evicting = offload(with_budget(graph, keep * 3 // 5), 0)
     assert evicting is not None

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-from conftest import skip_net
+from conftest import conv_chain, skip_net
 
 import onnx_remat
+import onnx_remat.pipeline
+import onnx_remat.resolve
 from onnx_remat.cli import main
 from onnx_remat.errors import UsageError
+from onnx_remat.options import RematOptions
 from onnx_remat.plot import plot_sweep
 from onnx_remat.sweep import SweepPoint, find_knee, parse_budgets, sweep
 
@@ -35,7 +38,7 @@ def test_points_match_remat_and_infeasible_budgets_state_the_minimum() -> None:
 
 def test_sweep_on_two_devices_reports_each_devices_peak_within_its_budget() -> None:
     devices = str(Path(__file__).resolve().parent.parent / "devices" / "ort-cpu+ov-cpu.toml")
-    result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic")
+    result = sweep(skip_net(), parse_budgets("100%,70%"), RematOptions(devices=devices, cost_model="analytic"))
     for p in result.points:
         assert [name for name, _ in p.device_peak_bytes] == ["ort-cpu", "ov-cpu"]
         percent = float(p.label.rstrip("%")) / 100
@@ -61,8 +64,8 @@ def test_measure_on_two_devices_runs_each_devices_segments_on_its_runtime(monkey
 
     monkeypatch.setattr("onnx_remat.sweep.run_on_devices", recording)
     monkeypatch.setattr("onnx_remat.sweep.measure_activation_peak", single_runtime)
-    result = sweep(skip_net(), parse_budgets("100%,70%"), devices=devices, cost_model="analytic", measure=True,
-                   repeats=1)
+    options = RematOptions(devices=devices, cost_model="analytic")
+    result = sweep(skip_net(), parse_budgets("100%,70%"), options, measure=True, repeats=1)
     assert len(runs) == 2
     for p, run in zip(result.points, runs, strict=True):
         assert p.measured_seconds == run.seconds > 0 and p.measured_activation_bytes is None
@@ -81,6 +84,31 @@ def test_knee_is_the_smallest_budget_within_the_overhead() -> None:
     assert find_knee(points, 0.01) == 0
     assert find_knee(points, 1.0) == 2
     assert find_knee(points[2:], 0.05) is None
+
+
+def test_a_sweep_prepares_once_and_searches_the_minimum_once(monkeypatch) -> None:
+    """A train-mode sweep of four budgets builds the train step once and, on one device, searches the minimum budget
+    once (each budget through `remat` did both four times); its minimum is the one `remat` gives."""
+    calls = {"train step": 0, "minimum": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr("onnx_remat.pipeline.build_training_graph",
+                        counting("train step", onnx_remat.pipeline.build_training_graph))
+    monkeypatch.setattr("onnx_remat.resolve.minimum_budget", counting("minimum", onnx_remat.resolve.minimum_budget))
+    options = RematOptions(mode="train", time_limit=4)
+    result = sweep(conv_chain(depth=2, size=8), parse_budgets("100%,90%,min,5%"), options)
+    assert calls == {"train step": 1, "minimum": 1}
+    points = {p.label: p for p in result.points}
+    assert points["100%"].feasible and points["min"].feasible and not points["5%"].feasible
+    least = onnx_remat.remat(conv_chain(depth=2, size=8), "min", options)
+    assert calls == {"train step": 2, "minimum": 2}
+    assert points["min"].budget_bytes == least.report.budget_bytes == points["5%"].minimum_bytes
 
 
 @pytest.mark.parametrize("text", ["", " , ", "100%,lots"])

@@ -101,7 +101,7 @@ def test_recomputed_training_batch_norm_runs_in_onnxruntime():
     the test does not depend on what a solver picks."""
     model = _conv_bn_chain(depth=2)
     prepared = prepare(model, "train")
-    graph, _ = costed_problem(prepared, get_devices(None))
+    graph = costed_problem(prepared, get_devices(None))
     names = graph.opmap.node_names
     batch_norms = [op for op, nodes in enumerate(names) if nodes in (("bn0",), ("bn1",))]
     last = len(names) - 1

@@ -42,7 +42,7 @@ def phases(path: Path) -> dict[str, float]:
     start = time.perf_counter()
     prepared = prepare(path, "train", training=TrainingOptions(loss="cross-entropy"))
     middle = time.perf_counter()
-    graph, _ = costed_problem(prepared, get_devices(None))
+    graph = costed_problem(prepared, get_devices(None))
     end = time.perf_counter()
     return {"prepare": middle - start, "problem": end - middle, "total": end - start,
             "operators": graph.problem.num_ops}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
 from rich.console import Console
@@ -33,6 +33,7 @@ from onnx_remat.devices import Device, get_devices
 from onnx_remat.errors import RematError
 from onnx_remat.models import build
 from onnx_remat.opmap import OpMap
+from onnx_remat.options import MINIMUM_SECONDS
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.measure_devices import with_measured_peaks
 from onnx_remat.passes.rewrite import rewrite
@@ -45,11 +46,11 @@ from onnx_remat.pipeline import (
     costed_problem,
     faster_by_running,
     prepare,
-    with_budgets,
     with_headroom,
 )
 from onnx_remat.problem import Problem
 from onnx_remat.report import MeasuredChoice
+from onnx_remat.resolve import Minima, resolve_budgets
 from onnx_remat.schedule import Compute, Copy
 
 DEFAULT_DEVICES = "devices/ort-cpu+ov-cpu.toml"
@@ -138,22 +139,21 @@ def single_minima(problem: Problem) -> list[int]:
 
 def budgets(problem: Problem, values: list[int]) -> Problem:
     """`problem` with these budgets in bytes, checked against each device's minimum (with the others' budgets)."""
-    named = {name: Budget(absolute_bytes=value) for name, value in zip(problem.devices, values, strict=True)}
-    return with_budgets(problem, named)[0]
+    wanted = [Budget(absolute_bytes=value) for value in values]
+    return replace(problem, budgets=resolve_budgets(Minima(problem), wanted, True, MINIMUM_SECONDS).budgets)
 
 
 def mixed_only_candidates(problem: Problem, alone: list[int]) -> list[list[int]]:
     """Budgets each below its device's single-device minimum, to try in turn for a case only a mixed schedule fits:
     the first device at 97% of its minimum and the second halfway between its minimum then and its single-device
-    minimum (when that minimum, found by `with_budgets`, is lower), then both devices at 95% and at 90% of their
-    single-device minima (`with_budgets` finds no lower minimum for the second device when every parameter is
+    minimum (when that minimum, found by `resolve_budgets`, is lower), then both devices at 95% and at 90% of their
+    single-device minima (`resolve_budgets` finds no lower minimum for the second device when every parameter is
     resident on both and the split that fits is of the gradients: the solver still may)."""
     candidates = []
     first = int(0.97 * alone[0])
     try:
-        _, minima, _ = with_budgets(
-            problem, {problem.devices[0]: Budget(absolute_bytes=first), problem.devices[1]: Budget(minimum=True)}
-        )
+        wanted = [Budget(absolute_bytes=first), Budget(minimum=True)]
+        minima = resolve_budgets(Minima(problem), wanted, True, MINIMUM_SECONDS).minima
         if minima[1].feasible < alone[1]:
             candidates.append([first, (minima[1].feasible + alone[1]) // 2])
     except RematError:
@@ -269,7 +269,7 @@ def main() -> None:
         for mode in args.modes:
             started = time.perf_counter()
             prepared = prepare(build(network, batch=args.batch, resolution=args.resolution), mode)
-            graph, _ = costed_problem(prepared, devices, args.cost_model)
+            graph = costed_problem(prepared, devices, args.cost_model)
             problem = graph.problem
             setting = Setting(prepared, graph.opmap, devices, args.time_limit, args.repeats, args.headroom)
             alone = single_minima(problem)

@@ -14,10 +14,9 @@ from onnx_remat.arguments import (
     add_mode_options,
     add_output_options,
     add_solver_options,
-    training_options,
+    remat_options,
 )
 from onnx_remat.budget import format_bytes, parse_budget
-from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.options import DEFAULT_MAX_BATCH
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.max_batch < 1:
         raise UsageError("--max-batch must be at least 1")
     check_outputs([extra for extra in (args.output, args.report) if extra], args.input, args.force)
-    shapes = parse_input_shapes(args.input_shape)
+    options = remat_options(args)
     with console.status("trying batch sizes", spinner="dots") as status:
 
         def show(trial: BatchTrial) -> None:
@@ -75,17 +74,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
             console.print(f"batch {trial.batch}: {verdict}", highlight=False)
             status.update(f"batch {trial.batch} {verdict}; trying the next")
 
-        found = max_batch(
-            args.input,
-            budget.absolute_bytes,
-            mode=args.mode,
-            training=training_options(args),
-            input_shapes=shapes,
-            solver=args.solver,
-            time_limit=args.time_limit,
-            limit=args.max_batch,
-            on_trial=show,
-        )
+        found = max_batch(args.input, budget.absolute_bytes, options, limit=args.max_batch, on_trial=show)
     if not console.is_terminal:
         console.width = max(console.width, TABLE_WIDTH)  # a log or pipe: keep rows on one line
     console.print(table(found, budget.absolute_bytes))

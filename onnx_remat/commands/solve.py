@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from onnx_remat.arguments import add_output_options, add_solver_options
-from onnx_remat.budget import format_bytes, parse_budget
-from onnx_remat.errors import UsageError
+from onnx_remat.budget import Budget, format_bytes
+from onnx_remat.devices import parse_device_budgets
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS, MINIMUM_SECONDS
+from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
-from onnx_remat.schedule import Compute, Copy, Event
+from onnx_remat.schedule import Compute, Copy, Event, Schedule
 
 if TYPE_CHECKING:
     from onnx_remat.passes.solve import SolveResult
@@ -58,16 +58,16 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.report:
         check_outputs([args.report], args.problem, args.force)
     started = time.perf_counter()
-    problem = read_problem(args.problem)
+    problem, hints = read_problem(args.problem), ()
     if args.budget:
-        problem = with_budgets(problem, args.budget, args.time_limit / 2)
+        problem, hints = with_budgets(problem, args.budget, args.time_limit)
     with console.status("solving", spinner="dots") as status:
 
         def progress(elapsed: float, incumbent: float | None, bound: float | None) -> None:
             status.update(f"solving: {elapsed:.1f} s, {_progress_text(incumbent, bound)}")
 
         left = max(LAST_SECONDS, args.time_limit - (time.perf_counter() - started))
-        result = solve(problem, args.solver, left, progress)
+        result = solve(problem, args.solver, left, progress, hints)
     baselines = baseline_rows(problem)
     for line in summary_lines(problem, result, baselines):
         console.print(line, highlight=False)
@@ -77,34 +77,16 @@ def run(args: argparse.Namespace, console: Console) -> None:
         write_atomically(Path(args.report), (text + "\n").encode())
 
 
-def with_budgets(problem: Problem, text: str, search_seconds: float = MINIMUM_SECONDS) -> Problem:
-    """`problem` with the budgets of `--budget`: one for all devices, or NAME=B for some of them; the `min` ones
-    searched within `search_seconds` in all."""
-    from onnx_remat.passes.solve.min_budget import minimum_budget
+def with_budgets(problem: Problem, text: str, time_limit: float) -> tuple[Problem, tuple[Schedule, ...]]:
+    """`problem` with the budgets of `--budget` (one for all devices, or NAME=B for some of them, the others keeping
+    the file's) resolved as the main command resolves them; also the schedules reaching the minima searched."""
+    from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
 
-    parts = [part.strip() for part in text.split(",")]
-    if len(parts) == 1 and "=" not in parts[0]:
-        given = dict.fromkeys(problem.devices, parts[0])
-    else:
-        given = {}
-        for part in parts:
-            name, sep, value = part.partition("=")
-            if not sep or name not in problem.devices:
-                raise UsageError(
-                    f"cannot read --budget part {part!r}: write NAME=B with NAME one of {', '.join(problem.devices)}"
-                )
-            given[name] = value
-    budgets = list(problem.budgets)
-    parsed = {name: parse_budget(value) for name, value in given.items()}
-    for name, budget in parsed.items():
-        device = problem.devices.index(name)
-        if not budget.minimum:
-            budgets[device] = budget.resolve(problem.keep_all_bytes(device), 0)
-    fixed = replace(problem, budgets=tuple(budgets))
-    searched = [problem.devices.index(name) for name, budget in parsed.items() if budget.minimum]
-    for device in searched:
-        budgets[device] = minimum_budget(fixed, device, min(MINIMUM_SECONDS, search_seconds) / len(searched)).feasible
-    return replace(problem, budgets=tuple(budgets))
+    given = parse_device_budgets(text, problem.devices)
+    budgets = [given.get(name, Budget(absolute_bytes=budget)) for name, budget in zip(problem.devices, problem.budgets,
+                                                                                      strict=True)]
+    resolved = resolve_budgets(Minima(problem), budgets, False, search_seconds(time_limit, budgets))
+    return replace(problem, budgets=resolved.budgets), resolved.reached
 
 
 def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:

@@ -17,10 +17,9 @@ from onnx_remat.arguments import (
     add_mode_options,
     add_output_options,
     add_solver_options,
-    training_options,
+    remat_options,
 )
 from onnx_remat.budget import format_bytes
-from onnx_remat.cli import parse_input_shapes
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
 from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD
@@ -78,21 +77,9 @@ def run(args: argparse.Namespace, console: Console) -> None:
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     check_outputs([extra for extra in (args.plot, args.json) if extra], args.input, args.force)
     budgets = parse_budgets(args.budgets)
-    shapes = parse_input_shapes(args.input_shape)
+    options = remat_options(args)
     with console.status(f"solving at {len(budgets)} budgets", spinner="dots"):
-        result = sweep(
-            args.input,
-            budgets,
-            mode=args.mode,
-            training=training_options(args),
-            input_shapes=shapes,
-            solver=args.solver,
-            time_limit=args.time_limit,
-            measure=args.measure,
-            knee_overhead=args.knee_overhead / 100,
-            devices=args.devices,
-            cost_model=args.cost_model,
-        )
+        result = sweep(args.input, budgets, options, measure=args.measure, knee_overhead=args.knee_overhead / 100)
     if not console.is_terminal:
         console.width = max(console.width, TABLE_WIDTH)  # a log or pipe: keep rows on one line
     console.print(table(result))

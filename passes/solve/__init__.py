@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
 
-from onnx_remat.errors import InfeasibleBudgetError, SolverError, UsageError
+from onnx_remat.budget import below_minimum
+from onnx_remat.errors import RematError, SolverError, UsageError
 from onnx_remat.options import SOLVERS
 from onnx_remat.passes.simulate import Simulation, check_schedule
 from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
@@ -223,10 +224,7 @@ def _refuse_small_budgets(problem: Problem) -> None:
     for device, budget in enumerate(problem.budgets):
         lower = quick_lower_bound(problem, device)
         if budget < lower:
-            where = f"device {problem.devices[device]}: " if problem.num_devices > 1 else ""
-            raise InfeasibleBudgetError(
-                f"{where}budget {budget} bytes is below {lower} bytes, what a single step or the outputs need", lower
-            )
+            raise below_minimum(problem, device, budget, lower)
 
 
 def _solve_frontier(
@@ -334,18 +332,12 @@ def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
             "the solver found no schedule within the time limit and no baseline fits the budget: "
             "raise --time-limit or the budget"
         )
-    if problem.num_devices == 1:
-        minimum = minimum_budget(problem).feasible
-        raise InfeasibleBudgetError(
-            f"budget {problem.budgets[0]} bytes admits no schedule: the minimum is {minimum} bytes", minimum
-        )
-    minima = ", ".join(
-        f"{name} {minimum_budget(problem, device).feasible}" for device, name in enumerate(problem.devices)
-    )
-    raise InfeasibleBudgetError(
-        f"budgets {problem.budgets} bytes admit no schedule; each device's minimum with the others at their "
-        f"budgets: {minima} bytes"
-    )
+    for device, budget in enumerate(problem.budgets):
+        minimum = minimum_budget(problem, device).feasible
+        if budget < minimum:
+            raise below_minimum(problem, device, budget, minimum)
+    raise RematError("the solver proved the budgets admit no schedule, yet each device's is at a minimum a schedule "
+                     "was found at: a bug, please report it")
 
 
 def _result(

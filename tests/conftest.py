@@ -14,6 +14,7 @@ from onnx_remat.budget import Budget
 from onnx_remat.options import COST_MODEL_VARIABLE
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
+from onnx_remat.pipeline import PreparedModel
 from onnx_remat.problem import Problem
 from onnx_remat.resolve import Minima, resolve_budgets
 
@@ -84,6 +85,22 @@ def skip_path(tmp_path):
 
 PROOF_SECONDS = 600.0
 """Time for minima the tests rely on being proven: seconds on a quiet machine, far more than a loaded one needs."""
+
+
+def whole_gradient_groups(prepared: PreparedModel) -> PreparedModel:
+    """`prepared` with each node's gradient one operator again, its parts split by what they hand on merged: the
+    mixed-only tests need an operator as large as a whole convolution gradient, which neither device alone can run
+    within budgets a mixed schedule meets (with the parts apart, a conv chain has none)."""
+    groups: list[tuple[str, ...]] = []
+    roles: list[str] = []
+    for group, role in zip(prepared.groups or [], prepared.roles, strict=True):
+        gradient_of = group[0].split(".grad/")[0] + ".grad/" if ".grad/" in group[0] else None
+        if gradient_of and groups and groups[-1][0].startswith(gradient_of):
+            groups[-1] += group
+        else:
+            groups.append(group)
+            roles.append(role)
+    return replace(prepared, groups=groups, roles=tuple(roles))
 
 
 def mixed_only_budgets(problem: Problem) -> tuple[Problem, list[int]]:

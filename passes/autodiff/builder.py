@@ -190,7 +190,7 @@ class _Backward:
         start = len(self.nodes)
         carrying = [o for o in node.output if o and self.partial.get(o)]
         e = self.emitter(node.name, self.info.np_dtype(carrying[0]))
-        dys = [self._total(e, o) if o else None for o in node.output]
+        dys = [self._total(e, o) if o else "" for o in node.output]
         rule = RULES[node.op_type]
         if rule.outputs is not None and any(dys[rule.outputs:]):
             raise ModelError(f"{node.op_type} {node.name!r}: the loss depends on an output whose gradient "
@@ -216,12 +216,12 @@ class _Backward:
         self.partial[tensor].append(grad)
         self.handed[grad] += 1
 
-    def _total(self, e: Emitter, tensor: str) -> str | None:
-        """The summed gradient of `tensor` (None if nothing reached it)."""
+    def _total(self, e: Emitter, tensor: str) -> str:
+        """The summed gradient of `tensor` ("" if nothing reached it)."""
         parts = self.partial.pop(tensor, [])
         if len(parts) > 1:
             return e.op("Sum", *parts)
-        return parts[0] if parts else None
+        return parts[0] if parts else ""
 
     def _complete(self, e: Emitter, param: str) -> None:
         """Make the parameter's summed gradient the tensor `grad.<param>`, renaming in place when safe."""

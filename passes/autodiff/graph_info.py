@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -12,12 +14,45 @@ from onnx_remat.errors import ModelError
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 
 
-def attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    """The value of a node attribute, or `default` when the node does not set it."""
+def has_attr(node: onnx.NodeProto, name: str) -> bool:
+    """Whether the node sets the attribute."""
+    return any(a.name == name for a in node.attribute)
+
+
+def _attr_value(node: onnx.NodeProto, name: str, default: object) -> Any:
+    """The attribute's value as onnx.helper decodes it, else `default`; ModelError if both are missing."""
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
+    if default is None:
+        raise ModelError(f"{node.op_type} node {node.name!r} has no attribute {name!r}")
     return default
+
+
+def attr_int(node: onnx.NodeProto, name: str, default: int | None = None) -> int:
+    """An integer attribute, or `default` when the node does not set it."""
+    return int(_attr_value(node, name, default))
+
+
+def attr_float(node: onnx.NodeProto, name: str, default: float | None = None) -> float:
+    """A float attribute, or `default` when the node does not set it."""
+    return float(_attr_value(node, name, default))
+
+
+def attr_ints(node: onnx.NodeProto, name: str, default: list[int] | None = None) -> list[int]:
+    """An integer-list attribute, or `default` when the node does not set it."""
+    return [int(v) for v in _attr_value(node, name, default)]
+
+
+def attr_str(node: onnx.NodeProto, name: str, default: str | None = None) -> str:
+    """A string attribute, decoded, or `default` when the node does not set it."""
+    value = _attr_value(node, name, default)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def attr_strs(node: onnx.NodeProto, name: str) -> list[str]:
+    """A string-list attribute, decoded."""
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in _attr_value(node, name, None)]
 
 
 class GraphInfo:
@@ -72,7 +107,7 @@ class GraphInfo:
             raise ModelError(f"tensor {name!r} must be a constant for its gradient, but it depends on a graph input")
         if node.op_type == "Shape":
             dims = np.array(self.shape(node.input[0]), dtype=np.int64)
-            return dims[attr(node, "start", 0) : attr(node, "end", len(dims))]
+            return dims[attr_int(node, "start", 0) : attr_int(node, "end", len(dims))]
         inputs = [i for i in node.input if i]
         feeds = {i: self.static(i) for i in inputs}
         values = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)

@@ -8,14 +8,14 @@ activations and sequence_lens are refused with the node's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from onnx_remat.errors import ModelError
-from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr
+from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr
 
 RECURRENT_OPS = ("LSTM", "GRU")
 LSTM_GATES = 4  # i, o, f, c
@@ -31,11 +31,14 @@ class _Steps:
         self.dtype = dtype
         self.nodes: list[onnx.NodeProto] = []
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs) -> str | list[str]:
+    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+        return self.ops(op_type, inputs, 1, **attrs)[0]
+
+    def ops(self, op_type: str, inputs: Sequence[str], outputs: int, **attrs) -> list[str]:
         name = f"{self.owner}/unrolled/{len(self.nodes)}"
         names = [name] if outputs == 1 else [f"{name}:{j}" for j in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, **attrs))
-        return names[0] if outputs == 1 else names
+        return names
 
     def ints(self, values: list[int] | int) -> str:
         return self.op("Constant", value=numpy_helper.from_array(np.asarray(values, dtype=np.int64)))
@@ -56,7 +59,7 @@ class _Steps:
         return self.op("Gather", x, self.ints(index), axis=axis)
 
     def split(self, x: str, parts: int, size: int, axis: int) -> list[str]:
-        return self.op("Split", x, self.ints([size] * parts), outputs=parts, axis=axis)
+        return self.ops("Split", [x, self.ints([size] * parts)], parts, axis=axis)
 
     def stack(self, xs: list[str], axis: int) -> str:
         """Concatenate along a new axis."""
@@ -80,16 +83,15 @@ def _unroll(node: onnx.NodeProto, info: GraphInfo) -> list[onnx.NodeProto]:
     inputs = list(node.input) + [""] * 8
     x, w, r, b, init_h = inputs[0], inputs[1], inputs[2], inputs[3], inputs[5]
     init_c = inputs[6] if node.op_type == "LSTM" else ""
-    hidden = attr(node, "hidden_size")
-    layout = attr(node, "layout", 0)
-    direction = attr(node, "direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    hidden = attr_int(node, "hidden_size")
+    layout = attr_int(node, "layout", 0)
+    direction = attr_str(node, "direction", "forward")
     steps = _Steps(node.name, info.np_dtype(x))
     if layout:
         x = steps.op("Transpose", x, perm=[1, 0, 2])
     shape = info.shape(node.input[0])
     seq, batch = (shape[1], shape[0]) if layout else (shape[0], shape[1])
-    cell = _lstm_cell if node.op_type == "LSTM" else _gru_cell(attr(node, "linear_before_reset", 0))
+    cell = _lstm_cell if node.op_type == "LSTM" else _gru_cell(attr_int(node, "linear_before_reset", 0))
     reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
     ys, finals_h, finals_c = [], [], []
     for d, backwards in enumerate(reverse):
@@ -187,13 +189,12 @@ def _refuse_unsupported(node: onnx.NodeProto) -> None:
         problems.append("sequence_lens")
     if node.op_type == "LSTM" and inputs[7]:
         problems.append("peepholes")
-    if attr(node, "clip") is not None:
+    if has_attr(node, "clip"):
         problems.append("clip")
-    if attr(node, "input_forget", 0):
+    if attr_int(node, "input_forget", 0):
         problems.append("input_forget")
-    activations = attr(node, "activations")
-    if activations is not None:
-        names = [a.decode() if isinstance(a, bytes) else a for a in activations]
+    if has_attr(node, "activations"):
+        names = attr_strs(node, "activations")
         default = DEFAULT_ACTIVATIONS[node.op_type]
         if names != default * (len(names) // len(default)):
             problems.append(f"activations {names}")

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import onnx
 
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_str
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 GELU_TANH_CUBIC = 0.044715
 
@@ -18,7 +18,7 @@ GELU_TANH_CUBIC = 0.044715
 def gelu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Gelu (opset 20), exact: 0.5 (1 + erf(x/sqrt2)) + x exp(-x^2/2) / sqrt(2 pi); or its tanh approximation."""
     x = node.input[0]
-    if attr(node, "approximate", b"none") in (b"tanh", "tanh"):
+    if attr_str(node, "approximate", "none") == "tanh":
         return {0: e.op("Mul", dys[0], _gelu_tanh_slope(e, x))}
     cdf = e.op("Add", e.scalar(1.0), e.op("Erf", e.scale(x, 1 / math.sqrt(2))))
     bell = e.op("Exp", e.scale(e.op("Mul", x, x), -0.5))
@@ -45,7 +45,7 @@ def _inside(e: Emitter, z: str, low: float, high: float) -> str:
 
 def hard_sigmoid(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """alpha dy where 0 < alpha x + beta < 1, else 0."""
-    alpha, beta = attr(node, "alpha", 0.2), attr(node, "beta", 0.5)
+    alpha, beta = attr_float(node, "alpha", 0.2), attr_float(node, "beta", 0.5)
     z = e.op("Add", e.scale(node.input[0], alpha), e.scalar(beta))
     return {0: e.op("Where", _inside(e, z, 0.0, 1.0), e.scale(dys[0], alpha), e.scalar(0.0))}
 
@@ -75,6 +75,6 @@ def mish(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
 
 def elu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dy where x > 0, dy (y + alpha) elsewhere."""
-    x, y, alpha = node.input[0], node.output[0], attr(node, "alpha", 1.0)
+    x, y, alpha = node.input[0], node.output[0], attr_float(node, "alpha", 1.0)
     negative = e.op("Mul", dys[0], e.op("Add", y, e.scalar(alpha)))
     return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}

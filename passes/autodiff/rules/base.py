@@ -9,8 +9,9 @@ import onnx
 
 from onnx_remat.passes.autodiff.emitter import Emitter
 
-# dys[j]: gradient of output j (None when no gradient reaches it); needs[i]: input i wants a gradient.
-GradFn = Callable[[Emitter, onnx.NodeProto, Sequence[str | None], Sequence[bool]], dict[int, str]]
+# dys[j]: gradient of output j ("" when no gradient reaches it, as ONNX names an absent tensor); needs[i]: input i
+# wants a gradient.
+GradFn = Callable[[Emitter, onnx.NodeProto, Sequence[str], Sequence[bool]], dict[int, str]]
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ import onnx
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_str
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 ELLIPSIS = "..."
 
@@ -25,7 +25,7 @@ ELLIPSIS = "..."
 def einsum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dX_i = Einsum(out, s_j... -> s_i)(dY, X_j...), broadcast along the letters only X_i has."""
     shapes = [tuple(e.info.shape(name)) for name in node.input]
-    terms, out = _explicit_terms(attr(node, "equation").decode(), [len(s) for s in shapes])
+    terms, out = _explicit_terms(attr_str(node, "equation"), [len(s) for s in shapes])
     _refuse_unsupported(node, terms, shapes)
     grads = {}
     for i, term in enumerate(terms):
@@ -80,8 +80,8 @@ def _refuse_unsupported(node: onnx.NodeProto, terms: list[str], shapes: list[tup
     for term, shape in zip(terms, shapes, strict=True):
         if len(set(term)) != len(term):
             raise ModelError(f"no gradient rule for Einsum {node.name!r}: a letter repeats within an operand "
-                             f"({attr(node, 'equation').decode()!r})")
+                             f"({attr_str(node, 'equation')!r})")
         for letter, size in zip(term, shape, strict=True):
             if sizes.setdefault(letter, size) != size:
                 raise ModelError(f"no gradient rule for Einsum {node.name!r}: it broadcasts letter {letter!r} "
-                                 f"({attr(node, 'equation').decode()!r})")
+                                 f"({attr_str(node, 'equation')!r})")

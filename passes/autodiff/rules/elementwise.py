@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import onnx
 
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_float
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 
 
@@ -84,7 +84,7 @@ def relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
 def leaky_relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dy where x > 0, alpha*dy elsewhere. For 0 < alpha <= 1 y has the sign of x, and clipping sign(y) to
     [alpha, 1] gives the slope, so as for relu the output is read instead of the input and no Where runs."""
-    alpha = attr(node, "alpha", 0.01)
+    alpha = attr_float(node, "alpha", 0.01)
     if 0 < alpha <= 1:
         slope = e.op("Clip", e.op("Sign", node.output[0]), e.scalar(alpha), e.scalar(1.0))
         return {0: e.op("Mul", dys[0], slope)}

@@ -8,9 +8,9 @@ import onnx
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_int
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 SCATTER_ADD_OPSET = 16
 """ScatterND and ScatterElements take reduction="add" from opset 16."""
@@ -34,7 +34,7 @@ def gather(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[i
     _require_scatter_add(e, node)
     data, indices = node.input[:2]
     shape, index_shape = e.info.shape(data), e.info.shape(indices)
-    axis = attr(node, "axis", 0) % len(shape)
+    axis = attr_int(node, "axis", 0) % len(shape)
     rank_i = len(index_shape)
     # dy: shape[:axis] + index_shape + shape[axis+1:]; bring the index axes first, then the data's other axes.
     index_axes = list(range(axis, axis + rank_i))
@@ -52,6 +52,6 @@ def gather_elements(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) 
     _require_scatter_add(e, node)
     data, indices = node.input[:2]
     shape = e.info.shape(data)
-    axis = attr(node, "axis", 0) % len(shape)
+    axis = attr_int(node, "axis", 0) % len(shape)
     positions = _wrapped(e, indices, shape[axis])
     return {0: e.op("ScatterElements", e.zeros(shape), positions, dys[0], axis=axis, reduction="add")}

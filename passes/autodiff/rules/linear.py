@@ -10,17 +10,17 @@ import onnx
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_int, attr_ints, attr_str, has_attr
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 
 
 def gemm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Y = alpha * op(A) op(B) + beta * C, with op a transpose when transA/transB is set."""
     a, b = node.input[:2]
-    alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
-    ta, tb, dy = attr(node, "transA", 0), attr(node, "transB", 0), dys[0]
+    alpha, beta = attr_float(node, "alpha", 1.0), attr_float(node, "beta", 1.0)
+    ta, tb, dy = attr_int(node, "transA", 0), attr_int(node, "transB", 0), dys[0]
     grads = {}
     if needs[0]:  # d op(A) = alpha dY op(B)^T
         wb, wa = b, alpha
@@ -90,12 +90,11 @@ class Window:
 def window(node: onnx.NodeProto, kernel: Sequence[int], in_spatial: Sequence[int]) -> Window:
     """Read kernel/strides/dilations/pads of a Conv or pooling node, resolving auto_pad against the input size."""
     rank = len(kernel)
-    strides = tuple(attr(node, "strides", [1] * rank))
-    dilations = tuple(attr(node, "dilations", [1] * rank))
-    auto_pad = attr(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    strides = tuple(attr_ints(node, "strides", [1] * rank))
+    dilations = tuple(attr_ints(node, "dilations", [1] * rank))
+    auto_pad = attr_str(node, "auto_pad", "NOTSET")
     if auto_pad in ("NOTSET", ""):
-        pads = list(attr(node, "pads", [0] * 2 * rank))
+        pads = attr_ints(node, "pads", [0] * 2 * rank)
         return Window(tuple(kernel), strides, dilations, tuple(pads[:rank]), tuple(pads[rank:]))
     if auto_pad == "VALID":
         return Window(tuple(kernel), strides, dilations, (0,) * rank, (0,) * rank)
@@ -113,7 +112,7 @@ def conv(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
     x_shape, w_shape, dy = e.info.shape(x), e.info.shape(w), dys[0]
     dy_shape = e.info.shape(node.output[0])
     win = window(node, w_shape[2:], x_shape[2:])
-    group = attr(node, "group", 1)
+    group = attr_int(node, "group", 1)
     grads = {}
     if needs[0]:
         out_pad = [n - ((o - 1) * s + (k - 1) * d + 1 - b - f) for n, o, k, s, d, b, f in
@@ -135,10 +134,10 @@ def conv_transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -
     x, w = node.input[:2]
     x_shape, w_shape, dy = e.info.shape(x), e.info.shape(w), dys[0]
     dy_shape = e.info.shape(node.output[0])
-    if attr(node, "output_shape") is not None or attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+    if has_attr(node, "output_shape") or attr_str(node, "auto_pad", "NOTSET") != "NOTSET":
         raise ModelError(f"ConvTranspose {node.name!r}: output_shape/auto_pad are not supported, give explicit pads")
     win = window(node, w_shape[2:], x_shape[2:])
-    group = attr(node, "group", 1)
+    group = attr_int(node, "group", 1)
     grads = {}
     if needs[0]:
         attrs = {"strides": list(win.strides), "dilations": list(win.dilations), "pads": win.pads, "group": group}

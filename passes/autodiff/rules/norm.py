@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import onnx
 
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_int
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 
 
@@ -42,7 +42,7 @@ def _channel_norm(e: Emitter, node: onnx.NodeProto, dy: str, needs: Needs, axes:
     count = math.prod(shape[a] for a in axes)
     grads = {}
     if needs[0] or needs[1]:
-        centered, inv_std, dy_centered = _centered_stats(e, x, dy, axes, count, attr(node, "epsilon", 1e-5))
+        centered, inv_std, dy_centered = _centered_stats(e, x, dy, axes, count, attr_float(node, "epsilon", 1e-5))
         if needs[1]:
             grads[1] = e.scale(e.reduce_sum(e.op("Mul", dy_centered, inv_std), reduce_axes, keepdims=False), count)
         if needs[0]:
@@ -81,8 +81,8 @@ def layer_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> di
     """LayerNormalization: statistics over the axes from `axis` on; scale and bias broadcast there."""
     x, scale, dy = node.input[0], node.input[1], dys[0]
     shape = e.info.shape(x)
-    axes = list(range(attr(node, "axis", -1) % len(shape), len(shape)))
-    xhat, inv_std = _normalized(e, x, axes, attr(node, "epsilon", 1e-5))
+    axes = list(range(attr_int(node, "axis", -1) % len(shape), len(shape)))
+    xhat, inv_std = _normalized(e, x, axes, attr_float(node, "epsilon", 1e-5))
     grads = {}
     if needs[0]:
         grads[0] = _input_grad(e, e.op("Mul", dy, scale), xhat, inv_std, axes)
@@ -95,13 +95,13 @@ def layer_norm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> di
 
 def softmax(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dx = y * (dy - sum(dy * y))."""
-    y, axis = node.output[0], attr(node, "axis", -1)
+    y, axis = node.output[0], attr_int(node, "axis", -1)
     dot = e.reduce_sum(e.op("Mul", dys[0], y), [axis], keepdims=True)
     return {0: e.op("Mul", y, e.op("Sub", dys[0], dot))}
 
 
 def log_softmax(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """dx = dy - exp(y) * sum(dy)."""
-    y, axis = node.output[0], attr(node, "axis", -1)
+    y, axis = node.output[0], attr_int(node, "axis", -1)
     total = e.reduce_sum(dys[0], [axis], keepdims=True)
     return {0: e.op("Sub", dys[0], e.op("Mul", e.op("Exp", y), total))}

@@ -10,16 +10,16 @@ import onnx
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr
 from onnx_remat.passes.autodiff.rules.linear import Window, window
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 
 
 def max_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Scatter-add dy to the argmax positions (the Indices output the builder makes MaxPool produce)."""
-    if attr(node, "storage_order", 0):
+    if attr_int(node, "storage_order", 0):
         raise ModelError(f"MaxPool {node.name!r}: storage_order=1 is not supported")
     shape = e.info.shape(node.input[0])
     flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(node.output[1], [-1]),
@@ -30,8 +30,8 @@ def max_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict
 def average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Spread dy / window-size over each window: a depthwise ConvTranspose with a ones kernel."""
     x_shape, y_shape = e.info.shape(node.input[0]), e.info.shape(node.output[0])
-    win = window(node, attr(node, "kernel_shape"), x_shape[2:])
-    divisor = _divisor(win, x_shape[2:], y_shape[2:], bool(attr(node, "count_include_pad", 0)))
+    win = window(node, attr_ints(node, "kernel_shape"), x_shape[2:])
+    divisor = _divisor(win, x_shape[2:], y_shape[2:], bool(attr_int(node, "count_include_pad", 0)))
     uniform = np.all(divisor == divisor.flat[0])
     if uniform:
         dy = e.scale(dys[0], 1 / divisor.flat[0])
@@ -70,11 +70,11 @@ def global_average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Nee
 def _reduced_axes(e: Emitter, node: onnx.NodeProto) -> list[int] | None:
     """Axes a ReduceMean/ReduceSum node reduces (None: it is the identity)."""
     rank = len(e.info.shape(node.input[0]))
-    axes = attr(node, "axes")
+    axes = attr_ints(node, "axes") if has_attr(node, "axes") else None
     if axes is None and len(node.input) > 1 and node.input[1]:
         axes = e.info.static(node.input[1]).tolist()
     if not axes:
-        return None if attr(node, "noop_with_empty_axes", 0) else list(range(rank))
+        return None if attr_int(node, "noop_with_empty_axes", 0) else list(range(rank))
     return sorted(a % rank for a in axes)
 
 
@@ -84,7 +84,7 @@ def _unreduce(e: Emitter, node: onnx.NodeProto, dy: str, mean: bool) -> str:
     axes = _reduced_axes(e, node)
     if axes is None:
         return dy
-    if not attr(node, "keepdims", 1):
+    if not attr_int(node, "keepdims", 1):
         dy = e.reshape(dy, [1 if a in axes else d for a, d in enumerate(shape)])
     if mean:
         dy = e.scale(dy, 1 / math.prod(shape[a] for a in axes))
@@ -109,7 +109,7 @@ def reduce_max(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> di
         return {0: dys[0]}
     shape = e.info.shape(x)
     kept = [1 if a in axes else d for a, d in enumerate(shape)]
-    peak = y if attr(node, "keepdims", 1) else e.reshape(y, kept)
+    peak = y if attr_int(node, "keepdims", 1) else e.reshape(y, kept)
     hits = e.op("Cast", e.op("Equal", x, peak), to=e.info.dtype(x))
     ties = e.reduce_sum(hits, axes, keepdims=True)
     share = e.op("Div", _unreduce(e, node, dys[0], mean=False), ties)

@@ -10,9 +10,9 @@ import onnx
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr
+from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, attr_str
 
-Grads = Sequence[str | None]
+Grads = Sequence[str]
 Needs = Sequence[bool]
 
 
@@ -23,20 +23,20 @@ def reshape_back(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> 
 
 def trilu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Trilu keeps a triangle and zeroes the rest: dy through the same Trilu (same k and upper)."""
-    return {0: e.op("Trilu", dys[0], *node.input[1:2], upper=attr(node, "upper", 1))}
+    return {0: e.op("Trilu", dys[0], *node.input[1:2], upper=attr_int(node, "upper", 1))}
 
 
 def transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Transpose dy by the inverse permutation."""
     rank = len(e.info.shape(node.input[0]))
-    perm = attr(node, "perm", list(reversed(range(rank))))
+    perm = attr_ints(node, "perm", list(reversed(range(rank))))
     return {0: e.transpose(dys[0], np.argsort(perm).tolist())}
 
 
 def concat(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Split dy into the inputs' extents along the axis."""
     rank = len(e.info.shape(node.output[0]))
-    axis = attr(node, "axis") % rank
+    axis = attr_int(node, "axis") % rank
     sizes = [e.info.shape(i)[axis] for i in node.input]
     parts = e.ops("Split", [dys[0], e.ints(sizes)], len(sizes), axis=axis)
     return {i: part for i, part in enumerate(parts) if needs[i]}
@@ -46,7 +46,7 @@ def split(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[in
     """Concatenate the outputs' gradients (zeros where none reaches an output)."""
     rank = len(e.info.shape(node.input[0]))
     parts = [dy or e.zeros(e.info.shape(out)) for dy, out in zip(dys, node.output, strict=True)]
-    return {0: e.op("Concat", *parts, axis=attr(node, "axis", 0) % rank)}
+    return {0: e.op("Concat", *parts, axis=attr_int(node, "axis", 0) % rank)}
 
 
 def slice_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
@@ -76,8 +76,8 @@ def _slice_ranges(e: Emitter, node: onnx.NodeProto, shape: Sequence[int]) -> lis
 
 def pad(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
     """Constant-mode Pad: slice away the padding (and zero-pad back what negative pads cropped)."""
-    mode = attr(node, "mode", b"constant")
-    if mode not in (b"constant", "constant"):
+    mode = attr_str(node, "mode", "constant")
+    if mode != "constant":
         raise ModelError(f"Pad {node.name!r}: only mode=constant has a gradient here, not {mode!r}")
     shape = e.info.shape(node.input[0])
     rank = len(shape)

@@ -10,6 +10,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -23,7 +24,9 @@ from onnx_remat.files import write_atomically
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Schedule
-from onnx_remat.sweep import Sweep
+from onnx_remat.sweep import Sweep, SweepPoint
+
+_T = TypeVar("_T")
 
 _FORMATS = {".png": "png", ".svg": "svg"}
 _MIB = 2**20
@@ -213,21 +216,25 @@ def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
     FigureCanvasAgg(fig)
     time_ax, peak_ax = fig.subplots(1, 2)
     feasible = [p for p in sweep.points if p.feasible]
-    budgets = np.array([p.budget_bytes for p in feasible]) / _MIB
-    time_ax.plot(budgets, [1e3 * p.predicted_seconds for p in feasible], "o-", color="tab:blue", label="predicted")
-    if feasible and all(p.measured_seconds is not None for p in feasible):
-        time_ax.plot(budgets, [1e3 * p.measured_seconds for p in feasible], "s--", color="tab:green", label="measured")
+    budgets = np.array([_known(p.budget_bytes, "budget_bytes", p) for p in feasible]) / _MIB
+    predicted = [1e3 * _known(p.predicted_seconds, "predicted_seconds", p) for p in feasible]
+    time_ax.plot(budgets, predicted, "o-", color="tab:blue", label="predicted")
+    measured_seconds = _all_known([p.measured_seconds for p in feasible])
+    if feasible and measured_seconds is not None:
+        time_ax.plot(budgets, [1e3 * t for t in measured_seconds], "s--", color="tab:green", label="measured")
     if feasible:
-        time_ax.axhline(1e3 * feasible[0].keep_all_seconds, color="tab:orange", linestyle=":", label="keep-all")
+        keep_all = _known(feasible[0].keep_all_seconds, "keep_all_seconds", feasible[0])
+        time_ax.axhline(1e3 * keep_all, color="tab:orange", linestyle=":", label="keep-all")
     if sweep.knee is not None:
         knee = sweep.points[sweep.knee]
+        knee_mib = _known(knee.budget_bytes, "budget_bytes", knee) / _MIB
         time_ax.plot(
-            knee.budget_bytes / _MIB,
-            1e3 * knee.predicted_seconds,
+            knee_mib,
+            1e3 * _known(knee.predicted_seconds, "predicted_seconds", knee),
             "*",
             markersize=18,
             color="tab:red",
-            label=f"knee: {knee.budget_bytes / _MIB:.2f} MiB, {100 * knee.overhead:+.1f}% "
+            label=f"knee: {knee_mib:.2f} MiB, {100 * _known(knee.overhead, 'overhead', knee):+.1f}% "
             f"(smallest within {100 * sweep.knee_overhead:g}%)",
         )
     _mark_infeasible(time_ax, sweep)
@@ -235,11 +242,12 @@ def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
     time_ax.set_ylabel("time per run (ms)")
     time_ax.set_ylim(bottom=0)
     time_ax.set_title("time against budget")
-    peak_ax.plot(
-        budgets, [p.predicted_peak_bytes / _MIB for p in feasible], "o-", color="tab:blue", label="predicted peak"
-    )
-    if feasible and all(p.measured_activation_bytes is not None for p in feasible):
-        measured = [(p.measured_activation_bytes + p.resident_bytes) / _MIB for p in feasible]
+    peaks = [_known(p.predicted_peak_bytes, "predicted_peak_bytes", p) / _MIB for p in feasible]
+    peak_ax.plot(budgets, peaks, "o-", color="tab:blue", label="predicted peak")
+    measured_activations = _all_known([p.measured_activation_bytes for p in feasible])
+    if feasible and measured_activations is not None:
+        measured = [(activations + _known(p.resident_bytes, "resident_bytes", p)) / _MIB
+                    for activations, p in zip(measured_activations, feasible, strict=True)]
         peak_ax.plot(budgets, measured, "s--", color="tab:green", label="measured activations + resident")
     peak_ax.plot(budgets, budgets, ":", color="black", label="budget")
     _mark_infeasible(peak_ax, sweep)
@@ -254,12 +262,25 @@ def plot_sweep(sweep: Sweep, path: str | os.PathLike[str]) -> None:
     write_atomically(target, _rendered(fig, target.suffix))
 
 
+def _known(value: _T | None, field: str, point: SweepPoint) -> _T:
+    """A field every feasible sweep point (and the knee) has; a clear error if it is missing."""
+    if value is None:
+        raise ValueError(f"sweep point {point.label!r} has no {field}")
+    return value
+
+
+def _all_known(values: list[_T | None]) -> list[_T] | None:
+    """The values if none is missing (a measurement taken at every point), else None."""
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
+
+
 def _mark_infeasible(ax: Axes, sweep: Sweep) -> None:
     """Infeasible budgets as crosses on the axis and the minimum feasible budget as a vertical line."""
-    refused = [p for p in sweep.points if not p.feasible and p.budget_bytes is not None]
+    refused = [p.budget_bytes for p in sweep.points if not p.feasible and p.budget_bytes is not None]
     if refused:
         ax.plot(
-            [p.budget_bytes / _MIB for p in refused],
+            [budget / _MIB for budget in refused],
             [0] * len(refused),
             "x",
             color="tab:red",

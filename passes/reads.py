@@ -44,7 +44,7 @@ def _subgraphs(node: NodeProto) -> Iterator[GraphProto]:
 def _free_names(graph: GraphProto) -> list[str]:
     """Names `graph` (and its nested subgraphs) read without defining them."""
     defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
-    defined |= {init.name for init in graph.sparse_initializer}
+    defined |= {init.values.name for init in graph.sparse_initializer}
     free: dict[str, None] = {}
     for node in graph.node:
         for name in reads(node):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -49,7 +50,7 @@ class GraphBuilder:
         """Add a float32 initializer uniform in center +- scale (biases, norm parameters, statistics)."""
         return self.const(name, (center + self.rng.uniform(-scale, scale, shape)).astype(np.float32))
 
-    def op(self, op_type: str, inputs: Sequence[str], name: str, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], name: str, **attrs: Any) -> str:
         """Add a node with one output tensor named like the node; return that tensor's name."""
         self.nodes.append(helper.make_node(op_type, list(inputs), [self._claim(name)], name=name, **attrs))
         return name

@@ -68,7 +68,7 @@ def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = 3
     with tempfile.TemporaryDirectory(prefix="onnx_remat_measure_") as workdir:
         folder = Path(workdir)
         _save_model(plan.model, folder / "model.onnx")
-        np.savez(folder / "feeds.npz", **feeds)
+        np.savez(folder / "feeds.npz", **feeds)  # type: ignore[arg-type]  # numpy's stubs match **kwds to allow_pickle
         (folder / "devices.json").write_text(json.dumps([asdict(device) for device in plan.devices]))
         environment = dict(os.environ, **MALLOC_ENV)
         done = subprocess.run(

@@ -39,12 +39,13 @@ def _slice_reads(graph: ir.Graph, split: ir.Node) -> bool:
     """Slice out every constant-position read of one SplitToSequence; False if any read is not of that form."""
     sizes = _constant(split.inputs[1]) if len(split.inputs) > 1 else None
     reads = list(split.outputs[0].consumers())
-    positions = [_constant(r.inputs[1]) if r.op_type == "SequenceAt" else None for r in reads]
-    if sizes is None or not reads or any(p is None or int(p) < 0 for p in positions):
+    constants = [_constant(r.inputs[1]) if r.op_type == "SequenceAt" else None for r in reads]
+    positions = [int(p) for p in constants if p is not None]
+    if sizes is None or not reads or len(positions) < len(reads) or any(p < 0 for p in positions):
         return False
     axis = split.attributes["axis"].as_int() if "axis" in split.attributes else 0
     for read, position in zip(reads, positions, strict=True):
-        start, size = _chunk(sizes, int(position))
+        start, size = _chunk(sizes, position)
         bounds = [ir.Value(name=f"{read.name}/{key}", const_value=ir.tensor(np.array([v], np.int64)))
                   for key, v in (("start", start), ("end", start + size), ("axis", axis))]
         for bound in bounds:

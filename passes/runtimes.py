@@ -8,9 +8,8 @@ INFERENCE_NUM_THREADS). A model is compiled on one device as a whole, so no Open
 setting) is needed. A compiled model keeps its intermediate buffers and an infer request its output tensors
 between calls; a schedule frees them, so each call runs a fresh request and then releases the compiled model's
 intermediate memory: a segment's buffers live only while it runs, its outputs as long as the executor holds them
-(measured on a 6-conv chain of 1 MiB tensors: a kept request left 2 MiB resident after the call and its output
-after the executor let go of it; a fresh request with `release_memory` left nothing). It costs time: about 0.1 ms
-a call here, part of the per-call overhead cost_profiled measures.
+(a kept request holds them longer: docs/measurements.md). The release costs time, part of the per-call overhead
+cost_profiled measures.
 Used to profile operators (cost_profiled) and to run multi-device models (run_devices).
 
 `layer_assignment_settings` gives the onnxruntime session option that pins the nodes of a rewritten model to

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -46,14 +47,16 @@ class Emitter:
         self.sink = sink
         self.prefix = f"{owner}.grad"
 
-    def ops(self, op_type: str, inputs: Sequence[str], n_out: int, outputs: Sequence[str] = (), **attrs) -> list[str]:
+    def ops(
+        self, op_type: str, inputs: Sequence[str], n_out: int, outputs: Sequence[str] = (), **attrs: Any
+    ) -> list[str]:
         """Add one node with `n_out` outputs (named after the node unless given); return the output names."""
         name = self.names.fresh(self.prefix)
         outs = list(outputs) or ([name] if n_out == 1 else [f"{name}:{j}" for j in range(n_out)])
         self.sink.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs
 
-    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         """Add one single-output node; return its output."""
         return self.ops(op_type, inputs, 1, **attrs)[0]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -20,7 +22,7 @@ class _LossGraph:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.graph = graph
 
-    def op(self, step: str, op_type: str, *inputs: str, output: str | None = None, **attrs) -> str:
+    def op(self, step: str, op_type: str, *inputs: str, output: str | None = None, **attrs: Any) -> str:
         """Add one node; its output is `output` or the node's name."""
         name = f"{LOSS}/{step}"
         self.graph.node.append(helper.make_node(op_type, list(inputs), [output or name], name=name, **attrs))

@@ -9,6 +9,7 @@ activations and sequence_lens are refused with the node's name.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,10 +32,10 @@ class _Steps:
         self.dtype = dtype
         self.nodes: list[onnx.NodeProto] = []
 
-    def op(self, op_type: str, *inputs: str, **attrs) -> str:
+    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
         return self.ops(op_type, inputs, 1, **attrs)[0]
 
-    def ops(self, op_type: str, inputs: Sequence[str], outputs: int, **attrs) -> list[str]:
+    def ops(self, op_type: str, inputs: Sequence[str], outputs: int, **attrs: Any) -> list[str]:
         name = f"{self.owner}/unrolled/{len(self.nodes)}"
         names = [name] if outputs == 1 else [f"{name}:{j}" for j in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, **attrs))

@@ -14,7 +14,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -113,7 +114,7 @@ def _commands_help() -> str:
     return f"other commands: {names} (onnx-remat COMMAND --help)\n\n"
 
 
-def command_module(name: str):
+def command_module(name: str) -> ModuleType:
     """The module implementing subcommand `name`."""
     return importlib.import_module(f"onnx_remat.commands.{COMMANDS[name]}")
 
@@ -226,7 +227,14 @@ def _one_line_warnings() -> Iterator[None]:
     with warnings.catch_warnings():
         python_style = warnings.showwarning
 
-        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
             if issubclass(category, RematWarning):
                 print(f"onnx-remat: warning: {message}", file=sys.stderr)
             else:

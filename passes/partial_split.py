@@ -29,13 +29,14 @@ def slice_partly_read_splits(
     for node in nodes:
         outputs = [name for name in node.output if name]
         wanted = [name for name in outputs if name in read]
-        axis = _axis(node, shape_of)
-        if axis is None or not wanted or len(wanted) == len(outputs) or len(outputs) != len(node.output):
+        split = _split_sizes(node, shape_of)
+        if split is None or not wanted or len(wanted) == len(outputs) or len(outputs) != len(node.output):
             kept.append(node)
             continue
+        axis, sizes = split
         start = 0
-        for name in outputs:
-            end = start + shape_of(name)[axis]
+        for name, size in zip(outputs, sizes, strict=True):
+            end = start + size
             if name in wanted:
                 slice_node, tensors = _slice(node, name, axis, start, end)
                 kept.append(slice_node)
@@ -45,15 +46,17 @@ def slice_partly_read_splits(
     return kept, constants, replaced
 
 
-def _axis(node: NodeProto, shape_of: Shape) -> int | None:
-    """A Split's axis, counted from the front, if every output's shape is known; None for other nodes."""
+def _split_sizes(node: NodeProto, shape_of: Shape) -> tuple[int, list[int]] | None:
+    """A Split's axis, counted from the front, and each output's size along it, if every output's shape is known;
+    None for other nodes."""
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return None
     shapes = [shape_of(name) for name in node.output]
-    if any(shape is None for shape in shapes):
+    known = [shape for shape in shapes if shape is not None]
+    if len(known) < len(shapes):
         return None
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    return axis % len(shapes[0])
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(known[0])
+    return axis, [shape[axis] for shape in known]
 
 
 def _slice(split: NodeProto, output: str, axis: int, start: int, end: int) -> tuple[NodeProto, list[TensorProto]]:

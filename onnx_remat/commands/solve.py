@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.report:
         check_outputs([args.report], args.problem, args.force)
     started = time.perf_counter()
-    problem, hints = read_problem(args.problem), ()
+    problem = read_problem(args.problem)
+    hints: tuple[Schedule, ...] = ()
     if args.budget:
         problem, hints = with_budgets(problem, args.budget, args.time_limit)
     with console.status("solving", spinner="dots") as status:

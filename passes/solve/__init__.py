@@ -151,6 +151,7 @@ def solve(
         cut_bound = cut_lower_bound(problem, _bound_seconds(time_limit), stop)
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
+        bound: float | None
         if _proven(problem, incumbent, cut_bound):
             schedule, status, bound = incumbent, SolveStatus.OPTIMAL, cut_bound
         else:
@@ -257,7 +258,7 @@ def _solve_frontier(
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
     schedule, status = _pick(problem, model, outcome, incumbent)
     if isinstance(report, StopAtBound) and report.reached and status == SolveStatus.INTERRUPTED:
-        status = SolveStatus.OPTIMAL if _proven(problem, schedule, proven_bound) else SolveStatus.TIME_LIMIT
+        status = SolveStatus.OPTIMAL if _proven(problem, schedule, report.bound) else SolveStatus.TIME_LIMIT
     return schedule, status, bound
 
 

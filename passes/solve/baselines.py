@@ -14,7 +14,7 @@ from dataclasses import replace
 from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
 from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Free, Schedule
+from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
 
 ALL_LENGTHS_UP_TO = 48
 LONG_LENGTH_STEP = 1.08
@@ -93,7 +93,11 @@ def frontier_only(problem: Problem) -> Schedule:
     MILP a warm start at budgets where Chen's checkpoints no longer fit.
     """
     outputs = set(problem.graph_outputs)
-    stages = [_needed(problem, t, lambda p, t=t: p in outputs or p == t - 1) for t in range(problem.num_ops)]
+
+    def held_into(t: int) -> Callable[[int], bool]:
+        return lambda p: p in outputs or p == t - 1
+
+    stages = [_needed(problem, t, held_into(t)) for t in range(problem.num_ops)]
     return schedule_from_stages(problem, stages)
 
 
@@ -130,7 +134,12 @@ def on_device(problem: Problem, device: int) -> Problem:
 
 def placed(schedule: Schedule, device: int) -> Schedule:
     """A single-device schedule run on `device` instead."""
-    return Schedule(tuple(replace(event, device=device) for event in schedule.events))
+    events: list[Event] = []
+    for event in schedule.events:
+        if isinstance(event, Copy):
+            raise ValueError(f"placed() takes a single-device schedule, and this one copies: {event}")
+        events.append(replace(event, device=device))
+    return Schedule(tuple(events))
 
 
 def placed_baselines(problem: Problem) -> Iterator[tuple[str, Schedule]]:

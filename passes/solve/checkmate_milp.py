@@ -313,7 +313,7 @@ def _copy_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, c
     """C[d,e,t,i] <= R[d,t,i] + S[d,t,i] (the source has it) and <= its readers on e in stage t + S[e,t+1,i]."""
     for (d, e, t, i), col in np.ndenumerate(c):
         if col >= 0:
-            b.at_most(col, [r[d, t, i], s[d, t, i]])
+            b.at_most(col, [int(r[d, t, i]), int(s[d, t, i])])
             readers = [r[e, t, j] for j in problem.successors[i] if j <= t]
             b.at_most(col, [*readers, s[e, t + 1, i]])
 
@@ -390,13 +390,14 @@ def _limit_rows(
         peak_col = int(b.columns(1, *bounds, integer=False)[0])
         b.cost[peak_col] = 1.0
     for d in range(problem.num_devices):
-        limited = peak is not None and peak.device == d
-        limit = 0.0 if limited else (problem.budgets[d] + 0.5) / memory_unit
-        extra = ([peak_col], [-1.0]) if limited else ([], [])
+        if peak is not None and peak_col is not None and peak.device == d:
+            limit, extra_cols, extra_coefficients = 0.0, [peak_col], [-1.0]
+        else:
+            limit, extra_cols, extra_coefficients = (problem.budgets[d] + 0.5) / memory_unit, [], []
         for t in range(problem.num_ops):
             for k in range(t + 1):
-                cols = [int(u[d, t, k]), int(r[d, t, k]), *extra[0]]
-                b.row(cols, [1.0, problem.workspace_bytes[k] / memory_unit, *extra[1]], -math.inf, limit)
+                cols = [int(u[d, t, k]), int(r[d, t, k]), *extra_cols]
+                b.row(cols, [1.0, problem.workspace_bytes[k] / memory_unit, *extra_coefficients], -math.inf, limit)
     return peak_col
 
 

@@ -66,6 +66,7 @@ def run_worker(
         command, stdout=subprocess.PIPE, stderr=errors, text=True, preexec_fn=_die_with_parent(os.getpid())
     ) as child:
         threading.Thread(target=_stop_when, args=(stop, child, grace, killed), daemon=True).start()
+        assert child.stdout is not None  # stdout=PIPE
         try:
             for line in child.stdout:
                 on_line(line)

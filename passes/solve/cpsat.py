@@ -139,10 +139,10 @@ def solve_cpsat(
     if status == "INFEASIBLE":
         return MilpOutcome(None, SolveStatus.INFEASIBLE, None)
     x = model.solution(values) if status in ("OPTIMAL", "FEASIBLE") else None
-    bound = bound / model.objective_scale if math.isfinite(bound) else None
+    proven = bound / model.objective_scale if math.isfinite(bound) else None
     if status == "OPTIMAL":
-        return MilpOutcome(x, SolveStatus.OPTIMAL, bound)
-    return MilpOutcome(x, SolveStatus.INTERRUPTED if stop.is_set() else SolveStatus.TIME_LIMIT, bound)
+        return MilpOutcome(x, SolveStatus.OPTIMAL, proven)
+    return MilpOutcome(x, SolveStatus.INTERRUPTED if stop.is_set() else SolveStatus.TIME_LIMIT, proven)
 
 
 def _reporter(model: IntegerModel, progress: MilpProgress | None) -> Callable[[str], None]:

@@ -72,16 +72,16 @@ def _in_child(
             seconds, incumbent, bound = (float(v) for v in line.split())
         except ValueError:  # not a progress line (HiGHS writing to stdout): nothing to report
             return
-        incumbent, bound = (v if math.isfinite(v) else None for v in (incumbent, bound))
-        last_bound[0] = bound if bound is not None else last_bound[0]
+        known_incumbent, known_bound = (v if math.isfinite(v) else None for v in (incumbent, bound))
+        last_bound[0] = known_bound if known_bound is not None else last_bound[0]
         if progress is not None:
-            progress(seconds, incumbent, bound)
+            progress(seconds, known_incumbent, known_bound)
 
     with tempfile.TemporaryDirectory() as directory:
         given, answer = Path(directory) / "model.npz", Path(directory) / "answer.npz"
         np.savez(
             given,
-            **highs_worker.model_arrays(milp),
+            **highs_worker.model_arrays(milp),  # type: ignore[arg-type]  # numpy's stubs match **kwds to allow_pickle
             warm_start=np.zeros(0) if warm_start is None else warm_start.astype(np.float64),
             option_names=np.array(list(options)),
             option_values=np.array(list(options.values()), dtype=float),

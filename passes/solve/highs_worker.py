@@ -18,9 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import highspy
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnx_remat.passes.solve.backend import SparseMilp
 
 Report = Callable[[float, float | None, float | None], None]
 """(seconds, incumbent or None, bound or None), in model units."""
@@ -51,7 +55,7 @@ def quiet_highs() -> highspy.Highs:
         os.close(saved)
 
 
-def model_arrays(milp: object) -> dict[str, np.ndarray]:
+def model_arrays(milp: SparseMilp) -> dict[str, np.ndarray]:
     """The arrays of a SparseMilp (backend.py) that `run` solves: costs, bounds, integrality and the
     matrix column-wise."""
     matrix = milp.matrix.tocsc()
@@ -138,11 +142,11 @@ def _subscribe(
     improves, so a caller waiting for a target stops HiGHS without delay) and improving solutions."""
     last = [-math.inf, math.inf]  # time and incumbent of the last report
 
-    def check(event: highspy.cb.HighsCallbackEvent) -> None:
+    def check(event: highspy.HighsCallbackEvent) -> None:
         if stop.is_set():
             event.interrupt()
 
-    def progress(event: highspy.cb.HighsCallbackEvent) -> None:
+    def progress(event: highspy.HighsCallbackEvent) -> None:
         check(event)
         out = event.data_out
         improved_now = out.mip_primal_bound < last[1]
@@ -151,13 +155,14 @@ def _subscribe(
             finite = [v if math.isfinite(v) else None for v in (out.mip_primal_bound, out.mip_dual_bound)]
             report(out.running_time, *finite)
 
-    def solution(event: highspy.cb.HighsCallbackEvent) -> None:
-        improved(np.array(event.data_out.mip_solution, dtype=np.float64))
-
     h.cbSimplexInterrupt.subscribe(check)
     h.cbIpmInterrupt.subscribe(check)
     h.cbMipInterrupt.subscribe(progress)
     if improved is not None:
+
+        def solution(event: highspy.HighsCallbackEvent) -> None:
+            improved(np.array(event.data_out.mip_solution, dtype=np.float64))
+
         h.cbMipImprovingSolution.subscribe(solution)
 
 

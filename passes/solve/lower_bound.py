@@ -80,7 +80,7 @@ class CutMilp(MilpBuilder):
 def _proven_bound(milp: SparseMilp, time_limit: float, stop: threading.Event) -> float | None:
     """HiGHS's proven bound on the optimum of `milp` after at most `time_limit` seconds or until `stop`; None if it
     proves none (no placement fits, or the root LP unsolved)."""
-    options = {"threads": 2, "random_seed": 0}
+    options: dict[str, float] = {"threads": 2, "random_seed": 0}
     status, _, bound = run(model_arrays(milp), options, None, stop, deadline=time.time() + time_limit)
     return None if status == SolveStatus.INFEASIBLE else bound
 

@@ -118,7 +118,7 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
     )
     evicting = _least_evicting(problem, device, deadline)
     always = [schedule for _, schedule in placed_baselines(problem)] + ([] if evicting is None else [evicting])
-    found = []
+    found: list[tuple[int, Schedule]] = []
     for k, schedule in enumerate(itertools.chain(always, segmented)):
         if k >= len(always) and found and time.perf_counter() >= deadline:
             break

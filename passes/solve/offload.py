@@ -60,7 +60,7 @@ class _Evictor:
         if round_trip > p.cost[self.compute][op] and op not in p.graph_outputs:
             return False
         worth = float("inf") if op in p.graph_outputs else self.density(op)
-        self.unpark(p.output_bytes[op], stage, worth)
+        self.unpark(self.store, p.output_bytes[op], stage, worth)
         if self.memory[self.store] + p.output_bytes[op] > p.budgets[self.store]:
             return False
         self.place(op, self.store, Copy(op, stage, self.compute, self.store))
@@ -71,23 +71,23 @@ class _Evictor:
         """Seconds to recompute `op` on the compute device per byte it holds."""
         return self.problem.cost[self.compute][op] / max(1, self.problem.output_bytes[op])
 
-    def unpark(self, needed: int, stage: int, worth: float) -> None:
+    def unpark(self, store: int, needed: int, stage: int, worth: float) -> None:
         """Drop parked outputs cheaper to recompute per byte than `worth` (cheapest first; they will be recomputed)
         until `needed` more bytes fit on the store device, if they can: a graph output cannot be dropped, nor an
         output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses)."""
         p = self.problem
-        room = p.budgets[self.store] - self.memory[self.store]
+        room = p.budgets[store] - self.memory[store]
         droppable = [
             op
-            for op in self.held[self.store]
+            for op in self.held[store]
             if op not in p.graph_outputs and self.parked[op] < stage and self.density(op) < worth
         ]
         if room >= needed or room + sum(p.output_bytes[op] for op in droppable) < needed:
             return
         for op in sorted(droppable, key=self.density):
-            if self.memory[self.store] + needed <= p.budgets[self.store]:
+            if self.memory[store] + needed <= p.budgets[store]:
                 return
-            self.free(op, self.store, stage)
+            self.free(op, store, stage)
 
     def score(self, op: int, stage: int) -> float:
         """Evict the lowest first: dead outputs, then the cheapest to restore per byte and per stage until use."""
@@ -144,7 +144,8 @@ class _Evictor:
         """Run v with its inputs brought back, free what nobody reads any more; False if it cannot fit."""
         if not self.run(v, v, set()):
             return False
-        for device in sorted({self.compute, self.store} - {None}):
+        devices = {self.compute} if self.store is None else {self.compute, self.store}
+        for device in sorted(devices):
             for op in sorted(op for op in self.held[device] if self.next_use(op, v) == -1):
                 self.free(op, device, v)
         return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 @dataclass(frozen=True)
@@ -26,18 +27,18 @@ class Compressed:
 
     @classmethod
     def from_entries(
-        cls, rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int], by_rows: bool = True
+        cls, rows: ArrayLike, cols: ArrayLike, values: ArrayLike, shape: tuple[int, int], by_rows: bool = True
     ) -> Compressed:
         """The matrix of the (rows[k], cols[k], values[k]) entries, values at the same position summed."""
-        rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
-        values = np.asarray(values, dtype=np.float64)
-        major, minor = (rows, cols) if by_rows else (cols, rows)
+        row_index, col_index = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        major, minor = (row_index, col_index) if by_rows else (col_index, row_index)
         order = np.lexsort((minor, major))
-        major, minor, values = major[order], minor[order], values[order]
+        major, minor = major[order], minor[order]
+        entries = np.asarray(values, dtype=np.float64)[order]
         first = np.ones(len(major), dtype=bool)
         first[1:] = (major[1:] != major[:-1]) | (minor[1:] != minor[:-1])
         starts = np.flatnonzero(first)
-        summed = np.add.reduceat(values, starts) if len(starts) else values
+        summed = np.add.reduceat(entries, starts) if len(starts) else entries
         lines = shape[0] if by_rows else shape[1]
         indptr = np.searchsorted(major[starts], np.arange(lines + 1)).astype(np.int64)
         return cls(indptr, minor[starts], summed, shape, by_rows)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -100,9 +101,11 @@ def prepare(
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     original = to_proto(load.read_graph(model, dict(input_shapes or {})))
-    source = {"name": name, "mode": mode, "external_data": has_external_data(model)}
+    external_data = has_external_data(model)
     if mode == "infer":
-        return PreparedModel(original, resolve_shapes(original), None, **source)
+        return PreparedModel(
+            original, resolve_shapes(original), None, name=name, mode=mode, external_data=external_data
+        )
     options = training or TrainingOptions()
     graph = build_training_graph(
         resolve_shapes(original),
@@ -112,7 +115,9 @@ def prepare(
         lr=options.lr,
     )
     model, groups, roles = group_training_graph(graph.model, graph.backward_groups)
-    return PreparedModel(model, resolve_shapes(model), groups, roles, **source)
+    return PreparedModel(
+        model, resolve_shapes(model), groups, roles, name=name, mode=mode, external_data=external_data
+    )
 
 
 def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:
@@ -183,7 +188,7 @@ def remat(
     model: str | Path | onnx.ModelProto,
     budget: BudgetSpec | None = "100%",
     options: RematOptions | None = None,
-    **changes: object,
+    **changes: Any,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
 

@@ -101,8 +101,8 @@ def table(found: MaxBatch, budget_bytes: int) -> Table:
         out.add_column(column, justify="left" if column in ("fits", "solver") else "right")
     for t in found.trials:
         minimum = format_bytes(t.minimum_bytes) if t.minimum_bytes is not None else "-"
-        if not t.fits:
-            out.add_row(str(t.batch), "no", minimum, "-", "-", "-", "-", t.status)
+        if not t.fits or t.predicted_peak_bytes is None or t.predicted_seconds is None:
+            out.add_row(str(t.batch), "yes" if t.fits else "no", minimum, "-", "-", "-", "-", t.status)
             continue
         out.add_row(
             str(t.batch),

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}", highlight=False)
     if args.outputs:
         buffer = io.BytesIO()
-        np.savez(buffer, **result.outputs)
+        np.savez(buffer, **result.outputs)  # type: ignore[arg-type]  # numpy's stubs match **kwds to allow_pickle
         write_atomically(Path(args.outputs), buffer.getvalue())
     over = [name for name, budget in result.budgets.items()
             if budget is not None and result.peak_bytes[name] > budget]

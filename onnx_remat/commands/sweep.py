@@ -106,33 +106,48 @@ def table(result: Sweep) -> Table:
         out.add_column(column, justify="left" if column in ("budget", "solver") else "right")
     for i, p in enumerate(result.points):
         label = p.label + (" (knee)" if i == result.knee else "")
-        size = format_bytes(p.budget_bytes) if p.budget_bytes is not None else "?"
+        size = _bytes(p.budget_bytes)
         if not p.feasible:
-            minimum = format_bytes(p.minimum_bytes) if p.minimum_bytes is not None else "?"
+            minimum = _bytes(p.minimum_bytes)
             out.add_row(label, size, "-", "-", "-", "-", f"infeasible: minimum {minimum}", *["-"] * (len(columns) - 7))
             continue
+        activations = (
+            None if p.predicted_peak_bytes is None or p.resident_bytes is None
+            else p.predicted_peak_bytes - p.resident_bytes
+        )
         row = [
             label,
             size,
-            f"{1e3 * p.predicted_seconds:.3f} ms",
-            f"{100 * p.overhead:+.1f}%",
+            _milliseconds(p.predicted_seconds),
+            _percent(p.overhead, "+.1f"),
             str(p.recomputations),
-            format_bytes(p.predicted_peak_bytes),
-            f"{p.status}, gap {100 * p.gap:.1f}%",
+            _bytes(p.predicted_peak_bytes),
+            f"{p.status}, gap {_percent(p.gap, '.1f')}",
         ]
         if several:
             row += [str(p.copies), *(format_bytes(peak) for _, peak in p.device_peak_bytes)]
         if measured and several:
             peaks = [format_bytes(peak) for _, peak in p.measured_device_peak_bytes]
-            row += [f"{1e3 * p.measured_seconds:.3f} ms", *peaks]
+            row += [_milliseconds(p.measured_seconds), *peaks]
         elif measured:
-            row += [
-                format_bytes(p.measured_activation_bytes),
-                format_bytes(p.predicted_peak_bytes - p.resident_bytes),
-                f"{1e3 * p.measured_seconds:.3f} ms",
-            ]
+            row += [_bytes(p.measured_activation_bytes), _bytes(activations), _milliseconds(p.measured_seconds)]
         out.add_row(*row)
     return out
+
+
+def _milliseconds(seconds: float | None) -> str:
+    """A table cell: milliseconds, or "?" if not known."""
+    return "?" if seconds is None else f"{1e3 * seconds:.3f} ms"
+
+
+def _percent(fraction: float | None, spec: str) -> str:
+    """A table cell: a percentage in format `spec`, or "?" if not known."""
+    return "?" if fraction is None else f"{100 * fraction:{spec}}%"
+
+
+def _bytes(count: int | None) -> str:
+    """A table cell: a byte count, or "?" if not known."""
+    return "?" if count is None else format_bytes(count)
 
 
 def knee_line(result: Sweep) -> str:
@@ -142,8 +157,8 @@ def knee_line(result: Sweep) -> str:
         return f"knee: no feasible budget has a predicted overhead within {limit}"
     p = result.points[result.knee]
     return (
-        f"knee: {p.label} = {format_bytes(p.budget_bytes)}, the smallest budget within {limit} of keep-all time "
-        f"({100 * p.overhead:+.1f}%)"
+        f"knee: {p.label} = {_bytes(p.budget_bytes)}, the smallest budget within {limit} of keep-all time "
+        f"({_percent(p.overhead, '+.1f')})"
     )
 
 

@@ -192,9 +192,12 @@ def parse_device_budgets(text: str, names: Iterable[str] | None = None) -> dict[
 def budgets_by_name(devices: Iterable[Device], override: Mapping[str, Budget] | None = None) -> dict[str, Budget]:
     """Each device's budget: from `override` (the command line) if given there, else from its device file."""
     override = override or {}
-    return {
-        d.name: override.get(d.name, d.parsed_budget) for d in devices if d.name in override or d.budget is not None
-    }
+    budgets = {}
+    for d in devices:
+        budget = override.get(d.name, d.parsed_budget)
+        if budget is not None:
+            budgets[d.name] = budget
+    return budgets
 
 
 BudgetSpec = str | int | Budget | Mapping[str, str | int | Budget]

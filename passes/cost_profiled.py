@@ -151,15 +151,15 @@ def profile_costs(
     (`method` "isolated"), or inside whole-model runs ("in-graph")."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
-    groups = [tuple(group) for group in groups]
+    operators = [tuple(group) for group in groups]
     devices = tuple(devices)
-    key = cache_key(model, groups, devices, repeats, method)
-    _refuse_unallocatable(model, groups)
+    key = cache_key(model, operators, devices, repeats, method)
+    _refuse_unallocatable(model, operators)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
-    cached = _read_cache(path, devices, len(groups))
+    cached = _read_cache(path, devices, len(operators))
     if cached is not None:
         return cached
-    costs = _measure(model, groups, devices, repeats, progress or _no_progress, method)
+    costs = _measure(model, operators, devices, repeats, progress or _no_progress, method)
     _write_cache(path, costs)
     return costs
 
@@ -460,10 +460,13 @@ def _moves_seconds(runtime: Runtime, model: onnx.ModelProto, feeds: dict[str, np
 
 def _copy_fit(source: Runtime, target: Runtime, repeats: int) -> tuple[float, float]:
     """Fixed seconds and seconds per byte (both >= 0) of handing a float tensor from `source` to `target`."""
+
+    def round_trip(value: Any) -> Callable[[], object]:
+        return lambda: target.from_host(source.to_host(value))
+
     seconds = []
     for size in COPY_SIZES:
-        value = source.from_host(np.ones(size // 4, np.float32))
-        seconds.append(_median_seconds(lambda v=value: target.from_host(source.to_host(v)), repeats))
+        seconds.append(_median_seconds(round_trip(source.from_host(np.ones(size // 4, np.float32))), repeats))
     # Weighted by 1/seconds: relative errors count, so the small sizes pin down the fixed part.
     per_byte, fixed = np.polyfit(np.array(COPY_SIZES, float), np.array(seconds), 1, w=1 / np.array(seconds))
     return max(float(fixed), 0.0), max(float(per_byte), 0.0)

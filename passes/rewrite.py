@@ -284,7 +284,11 @@ def _set_device_configurations(model: ModelProto, devices: tuple[str, ...], tags
         del node.device_configurations[:]
         placement = node.device_configurations.add(configuration_id=CONFIGURATION)
         node_tags = tags[node.name]
+        if node_tags.device is None:
+            raise ValueError(f"rewritten node {node.name!r} has no device tag")
         if node_tags.is_copy:
+            if node_tags.source is None:
+                raise ValueError(f"rewritten copy {node.name!r} has no source tag")
             placement.sharding_spec.add(tensor_name=node.input[0], device=[index[node_tags.source]])
         for name in node.output:
             if name:

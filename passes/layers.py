@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import onnx
 import onnx_ir as ir
 
-from onnx_remat.passes.manager import run_passes, to_proto
+from onnx_remat.passes.manager import named, run_passes, to_proto
 
 Groups = list[tuple[str, ...]]
 
@@ -34,7 +34,7 @@ def training_groups(graph: ir.Graph, backward_groups: Mapping[str, Sequence[str]
     owner = {name: f"{forward}.grad" for forward, names in backward_groups.items() for name in names}
     members: dict[str, list[ir.Node]] = {}
     for node in graph:
-        members.setdefault(owner.get(node.name, node.name), []).append(node)
+        members.setdefault(owner.get(named(node), named(node)), []).append(node)
     owners = subgraph_owners(graph)
     return [part for nodes in members.values() for part in _split_by_exports(nodes, graph, owners)]
 
@@ -58,7 +58,7 @@ def _split_by_exports(group: list[ir.Node], graph: ir.Graph, owners: dict[ir.Gra
     widest = max(serves.values(), key=len)
     parts: dict[frozenset[str], list[str]] = {}
     for node in group:
-        parts.setdefault(serves[node] or widest, []).append(node.name)
+        parts.setdefault(serves[node] or widest, []).append(named(node))
     return [tuple(names) for _, names in sorted(parts.items(), key=lambda item: -len(item[0]))]
 
 
@@ -69,7 +69,7 @@ def check_topological(graph: ir.Graph, groups: Sequence[Sequence[str]]) -> None:
     for node in graph:
         for value in node.outputs:
             for reader in readers(value, graph, owners):
-                if index[reader.name] < index[node.name]:
+                if index[named(reader)] < index[named(node)]:
                     raise AssertionError(f"node {reader.name} reads {value.name} from a later group: the grouping "
                                          "is not acyclic")
 
@@ -115,7 +115,7 @@ class SeparateGraphOutputs(ir.passes.InPlacePass):
             for value in [v for v in exported if v.is_graph_output()]:
                 identity = _separate(graph, value, set(nodes), owners)
                 order.append(identity)
-                groups.append((identity.name,))
+                groups.append((named(identity),))
                 roles.append(role)
         modified = order != list(graph)
         graph.remove(list(graph))
@@ -125,7 +125,7 @@ class SeparateGraphOutputs(ir.passes.InPlacePass):
 
     def ensures(self, model: ir.Model) -> None:
         grouped = sorted(name for names in self.groups for name in names)
-        if grouped != sorted(node.name for node in model.graph):
+        if grouped != sorted(named(node) for node in model.graph):
             raise ValueError("the groups do not cover every node exactly once")
 
 
@@ -154,7 +154,11 @@ def readers(value: ir.Value, graph: ir.Graph, owners: dict[ir.Graph, ir.Node]) -
 
 def _top(node: ir.Node, graph: ir.Graph, owners: dict[ir.Graph, ir.Node]) -> ir.Node:
     """`node` if it is in `graph`, else the node of `graph` whose subgraph holds it."""
-    return node if node.graph is graph else owners[node.graph]
+    if node.graph is graph:
+        return node
+    if node.graph is None:
+        raise ValueError(f"node {node.name!r} is in no graph")
+    return owners[node.graph]
 
 
 def subgraph_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:

@@ -11,7 +11,7 @@ import onnx_ir as ir
 
 from onnx_remat.errors import ModelError, UsageError, one_line
 from onnx_remat.model_files import read_model
-from onnx_remat.passes.manager import root_cause, run_passes
+from onnx_remat.passes.manager import named, root_cause, run_passes
 from onnx_remat.passes.sequences import SequenceReadsToSlices
 
 
@@ -112,7 +112,7 @@ class FixInputShapes(ir.passes.InPlacePass):
 
 def _graph_inputs(graph: ir.Graph) -> dict[str, ir.Value]:
     """The graph's inputs that are not initializers, by name."""
-    return {value.name: value for value in graph.inputs if value.name not in graph.initializers}
+    return {named(value): value for value in graph.inputs if value.name not in graph.initializers}
 
 
 def _dims(value: ir.Value) -> list[int | ir.SymbolicDim]:

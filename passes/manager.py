@@ -52,3 +52,11 @@ def root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return exc
+
+
+def named(item: ir.Node | ir.Value) -> str:
+    """The name of a main-graph node (NameNodes in load.py names every one) or of a tensor a graph reads or
+    returns (ONNX names those); ValueError for an unnamed one."""
+    if not item.name:
+        raise ValueError(f"unnamed {item!r}: nodes are named when the model is loaded (passes/load.py)")
+    return item.name

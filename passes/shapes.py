@@ -17,6 +17,7 @@ import onnx_ir as ir
 from onnxscript.optimizer import fold_constants
 
 from onnx_remat.errors import ModelError, one_line
+from onnx_remat.passes.manager import named
 
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
 """Ops whose output shapes can depend on input values: a tensor they leave unknown is not given a shape."""
@@ -149,7 +150,7 @@ def _folded_shapes(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     copy = ir.serde.deserialize_model(model)
     values = [value for node in copy.graph for value in node.outputs]
     fold_constants(copy, onnx_shape_inference=True, should_fold=lambda node: _should_fold(node, parameters))
-    shapes = {value.name: ir.serde.serialize_value(value) for value in values if _is_concrete_value(value)}
+    shapes = {named(value): ir.serde.serialize_value(value) for value in values if _is_concrete_value(value)}
     try:
         return {**_known(_infer(ir.serde.serialize_model(copy))), **shapes}
     except ModelError:
@@ -167,8 +168,9 @@ def _should_fold(node: ir.Node, parameters: set[str]) -> bool | None:
     allowed = VALUE_FREE_READS.get(node.op_type, ())
     if any(v is not None and v.name in parameters and k not in allowed for k, v in enumerate(node.inputs)):
         return False
-    if node.op_type == "ConstantOfShape" and node.inputs[0].const_value is not None:
-        return int(node.inputs[0].const_value.numpy().prod()) <= SMALL_CONSTANT
+    shape = node.inputs[0] if node.inputs else None
+    if node.op_type == "ConstantOfShape" and shape is not None and shape.const_value is not None:
+        return int(shape.const_value.numpy().prod()) <= SMALL_CONSTANT
     return None
 
 

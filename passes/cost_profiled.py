@@ -13,11 +13,10 @@ With `method="in-graph"` an operator's cost is instead its share of what its nod
 model on each device (onnxruntime's profiler, OpenVINO's performance counters; the trimmed mean of IN_GRAPH_RUNS
 runs, fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
 profiler (whose own overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries
-the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes: 0.17 us a node in onnxruntime
-here). A runtime that fuses across operators is then costed as it runs whole models: OpenVINO ran VGG16 inference in
-0.24 ms whole against 0.36 ms for its operators alone, and its training step in 5.2 ms against 4.3 ms (measured).
-Time the runtime spends in nodes of its own (reorders) goes to the operator whose node or tensor they serve by name;
-what cannot be placed goes nowhere, and the scaling spreads it.
+the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes). A runtime that fuses across
+operators is then costed as it runs whole models, which can differ from the sum of its operators alone either way
+(docs/measurements.md). Time the runtime spends in nodes of its own (reorders) goes to the operator whose node or
+tensor they serve by name; what cannot be placed goes nowhere, and the scaling spreads it.
 
 Plugging the numbers into the solver: build the Problem as usual, with the device names as the keys of
 `device_costs` (any NodeCost, e.g. the analytic one), profile its operators and replace the costs:

@@ -54,10 +54,9 @@ command line offers without loading any solver, lists the same names after "auto
 
 MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
-on 2 cores HiGHS does not finish the root LP of one device at T=321 in 600 s, and at T=236 on two devices
-(ResNet18 training, 111k; 346k columns, 2.3M nonzeros) it finds nothing better than the warm start in 60 s and
-its only bound is the trivial one, below the memory-cut bound (measured). Its child process (highs.py) keeps
-such a run within the time limit now, but it would add nothing."""
+beyond it HiGHS does not finish the root LP, or finds nothing better than the warm start and no bound above the
+memory-cut bound, within the time limits used (docs/measurements.md). Its child process (highs.py) would keep
+such a run within the time limit, but it would add nothing."""
 
 
 DEADLINE_RESERVE = 1.0
@@ -96,9 +95,8 @@ def _reserve(time_limit: float) -> float:
 
 
 def choose_backend(problem: Problem) -> str:
-    """The backend "auto" runs: HiGHS, which on 2 cores proves these MILPs 5-50x faster than CBC and, beyond
-    T of about 20, faster than CP-SAT (measured: a T=40 training chain at half budget, HiGHS optimal in 14 s,
-    CP-SAT 5% gap after 60 s; the two-device U-Net, T=158 at 25%: neither improves the warm start in 60 s)."""
+    """The backend "auto" runs: HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than
+    CP-SAT (docs/measurements.md)."""
     return "highs"
 
 
@@ -198,9 +196,8 @@ def _stop_on_interrupt() -> Iterator[threading.Event]:
 @contextmanager
 def _deadline(stop: threading.Event, time_limit: float | None) -> Iterator[threading.Event]:
     """An event set, together with `stop`, once `time_limit` seconds less half the reserve have passed: a
-    backstop for backends that overrun their own limits (HiGHS by over 10 s in a root LP at T=236 on two
-    devices, measured; in its child process it is then killed within a second), so the whole solve is held
-    to the limit."""
+    backstop for backends that overrun their own limits (HiGHS in a large root LP; in its child process it is
+    then killed within a second), so the whole solve is held to the limit."""
     timed_out = threading.Event()
     if time_limit is None:
         yield timed_out

@@ -1,6 +1,6 @@
 """The MILP on CBC through PuLP: CBC runs as a child process, its progress read from its log while it runs.
 
-PuLP is imported on first use, not with this module: it takes about 0.2 s, and CBC is rarely the backend.
+PuLP is imported on first use, not with this module: importing it takes time, and CBC is rarely the backend.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The MILP on HiGHS: in this process for small models, in a child process (child.py) for larger ones.
 
 HiGHS checks its interrupt callbacks in the simplex only between iteration batches, and in a large root LP
-not for tens of seconds (measured: a Ctrl-C 8 s into the two-device VGG16 solve was answered after 46-58 s).
+not for tens of seconds (docs/measurements.md).
 So a model with more than IN_PROCESS_NONZEROS matrix entries is solved by the script highs_worker.py in a
 child process, which streams progress and writes every improving solution as it finds it; `stop` sends the
 child SIGINT and, if it has not answered within child.GRACE seconds, kills it. The outcome is then
 "interrupted" with the best solution it streamed (or none: the caller holds its warm start) and the last
 bound it reported. Small models stay in-process: starting Python with numpy and highspy costs more than
-solving them (0.3-0.6 s on 2 loaded cores, measured), and their LPs reach a callback within milliseconds.
+solving them, and their LPs reach a callback within milliseconds.
 """
 
 from __future__ import annotations

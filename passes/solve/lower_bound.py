@@ -40,12 +40,11 @@ from onnx_remat.problem import Problem
 
 MAX_HELD = 10_000
 """Held outputs summed over the cuts in the model, beyond which only the cuts that hold the most bytes go in (any
-subset of cuts still gives a bound). On 2 cores the LP relaxation over all of the 12-layer transformer's cuts
-(40k held) takes 25-80 s, over the fullest 10k 4 s, for the same bound; ResNet18 (15k) 0.7 s and ResNet-50 (93k)
-1.1 s, also the same bound (measured)."""
+subset of cuts still gives a bound, and on the models measured the fullest 10k give the same bound as all of them
+many times faster: docs/measurements.md)."""
 
 BOUND_SECONDS = 10.0
-"""Default time for proving the bound: HiGHS proves VGG16's (T=109, two devices) optimal in 3.6 s on 2 cores."""
+"""Default time for proving the bound, a few times what HiGHS takes on VGG16 (docs/measurements.md)."""
 
 BOUND_TOLERANCE = 1e-6
 """Relative slack taken off the proven bound, well above HiGHS's feasibility tolerances, so the bound stays one."""

@@ -52,7 +52,7 @@ def _split_sizes(node: NodeProto, shape_of: Shape) -> tuple[int, list[int]] | No
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return None
     shapes = [shape_of(name) for name in node.output]
-    known = [shape for shape in shapes if shape is not None]
+    known = [shape for shape in shapes if shape]  # a Split's outputs have rank 1 at least: () is an unknown rank
     if len(known) < len(shapes):
         return None
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(known[0])

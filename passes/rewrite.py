@@ -30,6 +30,7 @@ from onnx import DeviceConfigurationProto, ModelProto, NodeProto, defs, helper
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.partial_split import slice_partly_read_splits
 from onnx_remat.passes.reads import reads, rename_outer_reads
+from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.tags import PRELUDE_STEP, NodeTags, node_tags, write_budgets, write_tags
 
@@ -222,14 +223,11 @@ def _assemble(model: ModelProto, emitter: _Emitter) -> ModelProto:
 
 def _shapes(model: ModelProto, origin: dict[str, str]) -> Callable[[str], list[int] | None]:
     """A tensor's concrete shape in the rewritten graph, by the shape of the source tensor it is an instance of."""
-    values = {v.name: v for v in [*model.graph.value_info, *model.graph.output]}
+    infos = tensor_infos(model)
 
     def shape_of(name: str) -> list[int] | None:
-        value = values.get(origin.get(name, name))
-        dims = [] if value is None else value.type.tensor_type.shape.dim
-        concrete = value is not None and value.type.tensor_type.HasField("shape") and all(
-            d.HasField("dim_value") for d in dims)
-        return [d.dim_value for d in dims] if concrete else None
+        info = infos.get(origin.get(name, name))
+        return None if info is None else list(info.shape)
 
     return shape_of
 

@@ -19,6 +19,8 @@ COST_MODEL_VARIABLE = "ONNX_REMAT_COST_MODEL"
 """The environment variable that replaces the default cost model (e.g. `analytic` where measuring is unwanted)."""
 DEFAULT_TIME_LIMIT = 60.0
 """Seconds a command may take, start-up and writing aside."""
+DEFAULT_POINT_TIME_LIMIT = 30.0
+"""Seconds each point of `sweep` (a budget) or `max-batch` (a batch size tried) may take."""
 MINIMUM_SECONDS = 10.0
 """The most the search of the devices' minimum budgets may take when no budget is `min` (half the time limit when
 that is shorter); with a `min` budget it gets half the time limit."""

@@ -19,12 +19,11 @@ from onnx_remat.arguments import (
 from onnx_remat.budget import format_bytes, parse_budget
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_MAX_BATCH
+from onnx_remat.options import DEFAULT_MAX_BATCH, DEFAULT_POINT_TIME_LIMIT
 
 if TYPE_CHECKING:
     from onnx_remat.batch import BatchTrial, MaxBatch
 
-DEFAULT_TIME_LIMIT = 30.0
 TABLE_WIDTH = 130
 
 
@@ -46,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"largest batch to try (default {DEFAULT_MAX_BATCH})",
     )
-    add_solver_options(parser, DEFAULT_TIME_LIMIT, "seconds each batch tried may take")
+    add_solver_options(parser, DEFAULT_POINT_TIME_LIMIT, "seconds each batch tried may take")
     parser.add_argument("-o", "--output", metavar="OUT.onnx", help="write the rewritten model at the largest batch")
     parser.add_argument("--report", metavar="FILE.json", help="write the report of the largest batch as JSON")
     add_output_options(parser)

@@ -22,12 +22,11 @@ from onnx_remat.arguments import (
 from onnx_remat.budget import format_bytes
 from onnx_remat.errors import UsageError
 from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD
+from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_POINT_TIME_LIMIT
 
 if TYPE_CHECKING:
     from onnx_remat.sweep import Sweep
 
-DEFAULT_TIME_LIMIT = 30.0
 TABLE_WIDTH = 170
 
 
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_mode_options(parser)
     add_input_shape_option(parser)
-    add_solver_options(parser, DEFAULT_TIME_LIMIT, "seconds each budget may take")
+    add_solver_options(parser, DEFAULT_POINT_TIME_LIMIT, "seconds each budget may take")
     add_device_options(parser, "each budget then applies to every device")
     parser.add_argument(
         "--measure",

@@ -6,10 +6,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_remat.errors import ModelError
+from onnx_remat.passes.manager import named
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 
@@ -56,23 +58,21 @@ def attr_strs(node: onnx.NodeProto, name: str) -> list[str]:
 
 
 class GraphInfo:
-    """Static shapes and element types of every tensor (after shape inference), and constant folding."""
+    """Static shapes and element types of every tensor of a model whose shapes are resolved (passes/shapes.py), read
+    from its onnx-ir values by name, and constant folding."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-        self._types: dict[str, onnx.TypeProto] = {}
-        for value in [*graph.input, *graph.value_info, *graph.output]:
-            self._types[value.name] = value.type
-        self.initializers = frozenset(i.name for i in graph.initializer)
-        self.constants: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-        for init in graph.initializer:
-            self._types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        self.producer: dict[str, onnx.NodeProto] = {out: n for n in graph.node for out in n.output if out}
+    def __init__(self, model: ir.Model) -> None:
+        self.opset = next(version for domain, version in model.opset_imports.items() if domain in ("", "ai.onnx"))
+        self.values = ir.convenience.create_value_mapping(model.graph)
+        self.initializers = frozenset(model.graph.initializers)
+        self.constants: dict[str, np.ndarray] = {}
 
     def dtype(self, name: str) -> int:
         """The element type (TensorProto enum) of a tensor."""
-        return self._type(name).tensor_type.elem_type
+        dtype = self._value(name).dtype
+        if dtype is None:
+            raise ModelError(f"tensor {name!r} has no type after shape inference: fix the input shapes")
+        return int(dtype)
 
     def np_dtype(self, name: str) -> np.dtype:
         """The numpy element type of a tensor."""
@@ -80,20 +80,20 @@ class GraphInfo:
 
     def is_float(self, name: str) -> bool:
         """Whether a tensor holds floating-point numbers (and so can carry a gradient)."""
-        return name in self._types and self.dtype(name) in FLOAT_TYPES
+        value = self.values.get(name)
+        return value is not None and value.dtype is not None and int(value.dtype) in FLOAT_TYPES
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The concrete static shape of a tensor; ModelError if shape inference left it unknown."""
-        tensor_type = self._type(name).tensor_type
-        dims = tensor_type.shape.dim if tensor_type.HasField("shape") else None
-        if dims is None or any(not d.HasField("dim_value") for d in dims):
+        shape = self._value(name).shape
+        if shape is None or not shape.is_static():
             raise ModelError(f"tensor {name!r} has no static shape after shape inference: fix the input shapes")
-        return tuple(d.dim_value for d in dims)
+        return tuple(shape.numpy())
 
-    def _type(self, name: str) -> onnx.TypeProto:
-        if name not in self._types:
+    def _value(self, name: str) -> ir.Value:
+        if name not in self.values:
             raise ModelError(f"tensor {name!r} has no type after shape inference: fix the input shapes")
-        return self._types[name]
+        return self.values[name]
 
     def static(self, name: str) -> np.ndarray:
         """The value of a tensor computable without any graph input (constants, shapes); else ModelError."""
@@ -102,20 +102,24 @@ class GraphInfo:
         return self.constants[name]
 
     def _fold(self, name: str) -> np.ndarray:
-        node = self.producer.get(name)
+        value = self._value(name)
+        if value.const_value is not None:
+            return value.const_value.numpy()
+        node = value.producer()
         if node is None:
             raise ModelError(f"tensor {name!r} must be a constant for its gradient, but it depends on a graph input")
-        if node.op_type == "Shape":
-            dims = np.array(self.shape(node.input[0]), dtype=np.int64)
-            return dims[attr_int(node, "start", 0) : attr_int(node, "end", len(dims))]
-        inputs = [i for i in node.input if i]
-        feeds = {i: self.static(i) for i in inputs}
+        source = node.inputs[0] if node.inputs else None
+        if node.op_type == "Shape" and source is not None:
+            dims = np.array(self.shape(named(source)), dtype=np.int64)
+            return dims[node.attributes.get_int("start", 0) : node.attributes.get_int("end", len(dims))]
+        feeds = {named(i): self.static(named(i)) for i in node.inputs if i is not None}
         values = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                   for i, v in feeds.items()]
-        outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in node.output if o]
-        graph = helper.make_graph([node], "fold", values, outputs)
+        outputs = [named(o) for o in node.outputs if o.name]
+        graph = helper.make_graph([ir.serde.serialize_node(node)], "fold", values,
+                                  [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         results = ReferenceEvaluator(model).run(None, feeds)
-        for out, value in zip([o for o in node.output if o], results, strict=True):
-            self.constants[out] = np.asarray(value)
+        for out, result in zip(outputs, results, strict=True):
+            self.constants[out] = np.asarray(result)
         return self.constants[name]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper, numpy_helper, version_converter
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
-from onnx_remat.passes.shapes import resolve_shapes
+from onnx_remat.passes.manager import run_passes
+from onnx_remat.passes.shapes import ResolveShapes
 
 MIN_OPSET = 14
 """The oldest default-domain opset the training graph is written in (BatchNormalization's training_mode attribute
@@ -126,5 +128,5 @@ def _train_dropout(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
 
 
 def infer(model: onnx.ModelProto) -> GraphInfo:
-    """Resolve every tensor's shape (passes/shapes.py) and wrap the result."""
-    return GraphInfo(resolve_shapes(model))
+    """Every tensor's shape and type, resolved on the model read into onnx-ir (passes/shapes.py)."""
+    return GraphInfo(run_passes(ir.serde.deserialize_model(model), [ResolveShapes()]))

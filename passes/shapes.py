@@ -84,7 +84,9 @@ def _infer(model: ir.Model) -> None:
     for info in [*inferred.value_info, *inferred.output]:
         value = values.get(info.name)
         if value is not None and not value.is_initializer() and is_concrete(info):
-            ir.serde.deserialize_value_info_proto(info, value)
+            tensor = info.type.tensor_type
+            value.dtype = ir.DataType(tensor.elem_type)
+            value.shape = ir.Shape([d.dim_value for d in tensor.shape.dim])
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -99,18 +101,31 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _without_weights(model: ir.Model) -> onnx.ModelProto:
-    """The model serialised with its initializers of WEIGHT_BYTES or more as graph inputs of the same type and
-    shape instead."""
-    proto = ir.serde.serialize_model(model)
-    graph = proto.graph
-    weights = [t for t in graph.initializer if len(t.raw_data) >= WEIGHT_BYTES]
-    kept = [t for t in graph.initializer if len(t.raw_data) < WEIGHT_BYTES]
-    graph.ClearField("initializer")
-    graph.initializer.extend(kept)
-    declared = {value.name for value in graph.input}
-    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                       for t in weights if t.name not in declared)
-    return proto
+    """The model serialised with its initializers of WEIGHT_BYTES or more as graph inputs of their type and shape
+    instead: they leave the graph while it is serialised (copying their bytes was most of the time), then return in
+    their order."""
+    graph = model.graph
+    inputs, initializers = list(graph.inputs), list(graph.initializers.values())
+    weights = {v: v.const_value for v in initializers if v.const_value is not None
+               and v.const_value.nbytes >= WEIGHT_BYTES}
+    graph.initializers.clear()
+    for value in initializers:
+        tensor = weights.get(value)
+        if tensor is None:
+            graph.initializers.add(value)
+            continue
+        value.dtype = value.dtype or tensor.dtype
+        value.shape = value.shape or ir.Shape(tensor.shape.numpy())
+        if value not in inputs:
+            graph.inputs.append(value)
+    try:
+        return ir.serde.serialize_model(model)
+    finally:
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+        graph.initializers.clear()
+        for value in initializers:
+            graph.initializers.add(value)
 
 
 def _refuse_mismatched_channels(graph: ir.Graph) -> None:

@@ -26,7 +26,7 @@ from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
 from onnx_remat.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
 from onnx_remat.passes import load
-from onnx_remat.passes.autodiff import build_training_graph
+from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
@@ -113,15 +113,9 @@ def prepare(
     if mode == "infer":
         return PreparedModel(original, None, name=name, mode=mode, external_data=external_data)
     options = training or TrainingOptions()
-    graph = build_training_graph(
-        to_proto(original),
-        loss=options.loss,
-        freeze=_matching(original, options.freeze),
-        optimizer=options.optimizer,
-        lr=options.lr,
-    )
-    step = ir.serde.deserialize_model(graph.model)
-    groups, roles = group_training_graph(step, graph.backward_groups)
+    build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
+    step = run_passes(original, [build])
+    groups, roles = group_training_graph(step, build.backward_groups)
     run_passes(step, [ResolveShapes()])
     return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data)
 

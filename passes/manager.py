@@ -47,6 +47,34 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     return proto
 
 
+def without_weights(model: ir.Model, smallest: int) -> onnx.ModelProto:
+    """The model serialised with its initializers of `smallest` bytes or more as graph inputs of their type and shape
+    instead, for onnx's C++ (shape inference, the checker), which reads them so: they leave the graph while it is
+    serialised (copying their bytes was most of the time), then return in their order."""
+    graph = model.graph
+    inputs, initializers = list(graph.inputs), list(graph.initializers.values())
+    weights = {v: v.const_value for v in initializers if v.const_value is not None
+               and v.const_value.nbytes >= smallest}
+    graph.initializers.clear()
+    for value in initializers:
+        tensor = weights.get(value)
+        if tensor is None:
+            graph.initializers.add(value)
+            continue
+        value.dtype = value.dtype or tensor.dtype
+        value.shape = value.shape or ir.Shape(tensor.shape.numpy())
+        if value not in inputs:
+            graph.inputs.append(value)
+    try:
+        return ir.serde.serialize_model(model)
+    finally:
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+        graph.initializers.clear()
+        for value in initializers:
+            graph.initializers.add(value)
+
+
 def root_cause(exc: BaseException) -> BaseException:
     """The innermost cause of `exc` (onnx-ir's serde errors wrap the one that says what went wrong)."""
     while exc.__cause__ is not None:

@@ -20,7 +20,7 @@ import onnx_ir as ir
 from onnxscript.optimizer import fold_constants
 
 from onnx_remat.errors import ModelError, one_line
-from onnx_remat.passes.manager import named, run_passes, to_proto
+from onnx_remat.passes.manager import named, run_passes, to_proto, without_weights
 from onnx_remat.passes.sizes import is_concrete_value
 
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
@@ -79,7 +79,7 @@ def _infer(model: ir.Model) -> None:
     model already states (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took
     everything). Not onnx-ir's ShapeInferencePass: where inference fails it logs a warning and leaves the model as
     it was, and that failure is the user's to hear about."""
-    inferred = _infer_types(_without_weights(model)).graph
+    inferred = _infer_types(without_weights(model, WEIGHT_BYTES)).graph
     values = ir.convenience.create_value_mapping(model.graph, include_subgraphs=False)
     for info in [*inferred.value_info, *inferred.output]:
         value = values.get(info.name)
@@ -98,34 +98,6 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
         raise ModelError(f"shape inference failed: {one_line(exc)}") from None
-
-
-def _without_weights(model: ir.Model) -> onnx.ModelProto:
-    """The model serialised with its initializers of WEIGHT_BYTES or more as graph inputs of their type and shape
-    instead: they leave the graph while it is serialised (copying their bytes was most of the time), then return in
-    their order."""
-    graph = model.graph
-    inputs, initializers = list(graph.inputs), list(graph.initializers.values())
-    weights = {v: v.const_value for v in initializers if v.const_value is not None
-               and v.const_value.nbytes >= WEIGHT_BYTES}
-    graph.initializers.clear()
-    for value in initializers:
-        tensor = weights.get(value)
-        if tensor is None:
-            graph.initializers.add(value)
-            continue
-        value.dtype = value.dtype or tensor.dtype
-        value.shape = value.shape or ir.Shape(tensor.shape.numpy())
-        if value not in inputs:
-            graph.inputs.append(value)
-    try:
-        return ir.serde.serialize_model(model)
-    finally:
-        graph.inputs.clear()
-        graph.inputs.extend(inputs)
-        graph.initializers.clear()
-        for value in initializers:
-            graph.initializers.add(value)
 
 
 def _refuse_mismatched_channels(graph: ir.Graph) -> None:

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
         raise UsageError(f"--plot {args.plot} must end in .png or .svg")
     if args.no_remat:
-        model = prepare(args.input, "train", options.input_shapes, options.training).model
+        model = prepare(args.input, "train", options.input_shapes, options.training).proto
         write_together(_model_files(args, model, bool(weights)))
         console.print(f"wrote the training graph ({len(model.graph.node)} nodes) to {args.output}", highlight=False)
         return

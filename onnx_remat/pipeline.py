@@ -7,6 +7,7 @@ for all budgets) -> a solved problem (at one set of budgets) -> the rewritten mo
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 
 from onnx_remat.budget import below_minimum, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
@@ -24,17 +26,17 @@ from onnx_remat.model_files import has_external_data, model_files
 from onnx_remat.opmap import OpMap
 from onnx_remat.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
 from onnx_remat.passes import load
-from onnx_remat.passes.autodiff import build_training_graph
+from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.layers import group_training_graph
-from onnx_remat.passes.manager import to_proto
+from onnx_remat.passes.manager import run_passes, to_proto
 from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
-from onnx_remat.passes.shapes import resolve_shapes
+from onnx_remat.passes.shapes import ResolveShapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
@@ -78,16 +80,21 @@ class RematResult:
 
 @dataclass(frozen=True)
 class PreparedModel:
-    """A checked model with concrete shapes (a train step in train mode) and its operator groups; the name and mode
-    the report states, and whether the input kept its weights in a data file."""
+    """A checked model in onnx-ir whose values carry concrete shapes and types (a train step in train mode) and its
+    operator groups; the name and mode the report states, and whether the input kept its weights in a data file."""
 
-    model: onnx.ModelProto
-    inferred: onnx.ModelProto
+    model: ir.Model
     groups: list[tuple[str, ...]] | None
     roles: tuple[str, ...] = ()
     name: str = "model"
     mode: str = "infer"
     external_data: bool = False
+
+    @functools.cached_property
+    def proto(self) -> onnx.ModelProto:
+        """The model serialised, once, for what runs or reads it as ONNX (onnxruntime, the cost measurement, the
+        rewrite); its value_info states every tensor's shape."""
+        return to_proto(self.model)
 
 
 def prepare(
@@ -96,33 +103,26 @@ def prepare(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
-    """Load and check the model, fix its input shapes, and in train mode build the train step."""
+    """Load and check the model, fix its input shapes, resolve every tensor's shape, and in train mode build the
+    train step and group its nodes into operators."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    original = to_proto(load.read_graph(model, dict(input_shapes or {})))
+    original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
-        return PreparedModel(
-            original, resolve_shapes(original), None, name=name, mode=mode, external_data=external_data
-        )
+        return PreparedModel(original, None, name=name, mode=mode, external_data=external_data)
     options = training or TrainingOptions()
-    graph = build_training_graph(
-        resolve_shapes(original),
-        loss=options.loss,
-        freeze=_matching(original, options.freeze),
-        optimizer=options.optimizer,
-        lr=options.lr,
-    )
-    model, groups, roles = group_training_graph(graph.model, graph.backward_groups)
-    return PreparedModel(
-        model, resolve_shapes(model), groups, roles, name=name, mode=mode, external_data=external_data
-    )
+    build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
+    step = run_passes(original, [build])
+    groups, roles = group_training_graph(step, build.backward_groups)
+    run_passes(step, [ResolveShapes()])
+    return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data)
 
 
-def _matching(model: onnx.ModelProto, patterns: tuple[str, ...]) -> tuple[str, ...]:
+def _matching(model: ir.Model, patterns: tuple[str, ...]) -> tuple[str, ...]:
     """The initializer names matching any of the glob `patterns`; a pattern matching none is an error."""
-    names = [init.name for init in model.graph.initializer]
+    names = list(model.graph.initializers)
     matched = []
     for pattern in patterns:
         hits = fnmatch.filter(names, pattern)
@@ -253,14 +253,14 @@ def costed_problem(
     costs measured on every device ("profiled", cached in `cache_dir`)."""
     if cost_model not in COST_MODELS:
         raise UsageError(f"unknown cost model {cost_model!r}: use {' or '.join(COST_MODELS)}")
-    infos = tensor_infos(prepared.inferred)
+    infos = tensor_infos(prepared.model)
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    graph = build_problem(prepared.proto, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     profiled = None
     if cost_model != "analytic":
         method = "isolated" if cost_model == "profiled" else "in-graph"
-        profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir,
+        profiled = profile_costs(prepared.proto, graph.opmap.node_names, devices, cache_dir=cache_dir,
                                  progress=progress, method=method)
         graph = replace(graph, problem=profiled.apply(graph.problem))
     return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
@@ -305,7 +305,7 @@ def rewritten(solved: SolvedProblem) -> RematResult:
     """The last stage: the model rewritten to the solved schedule, its budgets tagged, with its report."""
     costed = solved.costed
     problem, schedule = solved.problem, solved.result.schedule
-    model = rewrite(costed.prepared.inferred, costed.opmap, schedule, problem.devices,
+    model = rewrite(costed.prepared.proto, costed.opmap, schedule, problem.devices,
                     dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(solved.report(), recomputed_nodes=count_role(model, "recompute"))
     forward_count = costed.opmap.roles.count("forward") if costed.opmap.roles else None
@@ -346,9 +346,9 @@ def faster_by_running(
             candidates[f"{problem.devices[device]} alone"] = schedule
     if len(candidates) < 2:
         return result, None
-    plans = [build_plan(rewrite(prepared.inferred, opmap, schedule, problem.devices), devices)
+    plans = [build_plan(rewrite(prepared.proto, opmap, schedule, problem.devices), devices)
              for schedule in candidates.values()]
-    seconds = dict(zip(candidates, race(plans, random_feeds(prepared.model, seed=0), RACE_ROUNDS), strict=True))
+    seconds = dict(zip(candidates, race(plans, random_feeds(prepared.proto, seed=0), RACE_ROUNDS), strict=True))
     kept = min(seconds, key=lambda label: seconds[label])
     choice = MeasuredChoice(seconds, kept)
     schedule = candidates[kept]

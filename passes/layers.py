@@ -8,23 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-import onnx
 import onnx_ir as ir
 
-from onnx_remat.passes.manager import named, run_passes, to_proto
+from onnx_remat.passes.manager import named, run_passes
 
 Groups = list[tuple[str, ...]]
 
 
 def group_training_graph(
-    model: onnx.ModelProto, backward_groups: Mapping[str, Sequence[str]]
-) -> tuple[onnx.ModelProto, Groups, tuple[str, ...]]:
-    """The training graph with each exported graph output separated (`SeparateGraphOutputs`), its operator groups
-    (`training_groups`) and their roles (`group_roles`)."""
-    graph = ir.serde.deserialize_model(model)
-    groups = training_groups(graph.graph, backward_groups)
+    model: ir.Model, backward_groups: Mapping[str, Sequence[str]]
+) -> tuple[Groups, tuple[str, ...]]:
+    """Separate each exported graph output of the training graph, in place (`SeparateGraphOutputs`); its operator
+    groups (`training_groups`) and their roles (`group_roles`)."""
+    groups = training_groups(model.graph, backward_groups)
     separate = SeparateGraphOutputs(groups, group_roles(groups, backward_groups))
-    return to_proto(run_passes(graph, [separate])), separate.groups, separate.roles
+    run_passes(model, [separate])
+    return separate.groups, separate.roles
 
 
 def training_groups(graph: ir.Graph, backward_groups: Mapping[str, Sequence[str]]) -> Groups:

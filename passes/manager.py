@@ -33,11 +33,7 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     """`model` serialised, less the value_info onnx-ir writes for every initializer (their shapes are in the
     initializers), so a model reads after a round trip as it did before. ModelError for what onnx-ir cannot write
     (a damaged file's name that is no UTF-8 text reads, but does not write)."""
-    try:
-        proto = ir.serde.serialize_model(model)
-    except ir.serde.SerdeError as exc:
-        raise ModelError(f"cannot write the model back from onnx-ir ({one_line(root_cause(exc))}): is every name "
-                         "in it UTF-8 text?") from None
+    proto = _serialized(model)
     graph = proto.graph
     initializers = {init.name for init in graph.initializer}
     kept = [info for info in graph.value_info if info.name not in initializers]
@@ -45,6 +41,44 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
         graph.ClearField("value_info")
         graph.value_info.extend(kept)
     return proto
+
+
+def without_weights(model: ir.Model, smallest: int) -> onnx.ModelProto:
+    """The model serialised with its initializers of `smallest` bytes or more as graph inputs of their type and shape
+    instead, for onnx's C++ (shape inference, the checker), which reads them so: they leave the graph while it is
+    serialised (copying their bytes was most of the time), then return in their order."""
+    graph = model.graph
+    inputs, initializers = list(graph.inputs), list(graph.initializers.values())
+    weights = {v: v.const_value for v in initializers if v.const_value is not None
+               and v.const_value.nbytes >= smallest}
+    graph.initializers.clear()
+    for value in initializers:
+        tensor = weights.get(value)
+        if tensor is None:
+            graph.initializers.add(value)
+            continue
+        value.dtype = value.dtype or tensor.dtype
+        value.shape = value.shape or ir.Shape(tensor.shape.numpy())
+        if value not in inputs:
+            graph.inputs.append(value)
+    try:
+        return _serialized(model)
+    finally:
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+        graph.initializers.clear()
+        for value in initializers:
+            graph.initializers.add(value)
+
+
+def _serialized(model: ir.Model) -> onnx.ModelProto:
+    """`model` serialised; ModelError for what onnx-ir cannot write (a damaged file's name that is no UTF-8 text
+    reads, but does not write)."""
+    try:
+        return ir.serde.serialize_model(model)
+    except ir.serde.SerdeError as exc:
+        raise ModelError(f"cannot write the model back from onnx-ir ({one_line(root_cause(exc))}): is every name "
+                         "in it UTF-8 text?") from None
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -1,15 +1,18 @@
 """Resolve every tensor's shape for fixed input shapes, the way exported models need it.
 
 Exporters compute shapes inside the graph (Shape -> Gather -> Concat -> Reshape/Expand/Slice), which ONNX shape
-inference alone often leaves symbolic. Three steps, each only for what the previous one left unknown:
-1. ONNX shape inference with data propagation;
-2. the same on a copy whose shape subgraphs onnxscript's constant folder (on onnx-ir) has evaluated; the copy is
-   only read for shapes, so the model keeps its nodes and its parameters stay where the user put them;
+inference alone often leaves symbolic. `ResolveShapes`, an in-place onnx-ir pass, sets the values' shapes and types
+in three steps, each only for what the previous one left unknown:
+1. ONNX shape inference with data propagation, on the model without its weights;
+2. the same on a clone whose shape subgraphs onnxscript's constant folder has evaluated; the clone is only read for
+   shapes, so the model keeps its nodes and its parameters stay where the user put them;
 3. one run of onnxruntime on random inputs of the given shapes, with the still unknown tensors as outputs.
 Only a shape that depends on input values (behind NonZero, Unique, a Loop...) is refused, naming the node.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import onnx
@@ -17,7 +20,8 @@ import onnx_ir as ir
 from onnxscript.optimizer import fold_constants
 
 from onnx_remat.errors import ModelError, one_line
-from onnx_remat.passes.manager import named
+from onnx_remat.passes.manager import named, run_passes, to_proto, without_weights
+from onnx_remat.passes.sizes import is_concrete_value
 
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
 """Ops whose output shapes can depend on input values: a tensor they leave unknown is not given a shape."""
@@ -28,27 +32,37 @@ SMALL_CONSTANT = 4096
 WEIGHT_BYTES = 4096
 """Initializers this large are never shape data (a shape, a slice bound, a Resize scale is a few numbers): shape
 inference sees them as inputs of their type and shape only."""
-FLOAT_TYPES = frozenset({
-    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-})
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+class ResolveShapes(ir.passes.InPlacePass):
+    """Give every named node output of the main graph a concrete shape and element type (value.shape, value.dtype).
+    Ensures each has one (ModelError naming the first that has not) and that every Conv or ConvTranspose reads as
+    many channels as its weight takes."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        _infer(model)
+        unknown = _unknown(model.graph)
+        if unknown:
+            _adopt(unknown, _folded_shapes(model))
+            unknown = _unknown(model.graph)
+        if unknown:
+            _refuse_data_dependent(unknown)
+            _adopt(unknown, _shapes_from_running(model, unknown))
+        return ir.passes.PassResult(model, modified=True)
+
+    def ensures(self, model: ir.Model) -> None:
+        unknown = _unknown(model.graph)
+        if unknown:
+            raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0].name!r}), "
+                             "even by running the model in onnxruntime")
+        _refuse_mismatched_channels(model.graph)
 
 
 def resolve_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` whose value_info gives a concrete shape and type to every node output."""
-    inferred = _infer(model)
-    unknown = _unknown(inferred)
-    if unknown:
-        _adopt(inferred, _folded_shapes(model), unknown)
-        unknown = _unknown(inferred)
-    if unknown:
-        _refuse_data_dependent(inferred, unknown)
-        _adopt(inferred, _shapes_from_running(inferred, unknown), unknown)
-        unknown = _unknown(inferred)
-    if unknown:
-        raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}), "
-                         "even by running the model in onnxruntime")
-    _refuse_mismatched_channels(inferred)
-    return inferred
+    """A copy of `model` whose value_info gives a concrete shape and type to every node output (`ResolveShapes`), for
+    callers holding a ModelProto (a rewritten model run on devices)."""
+    return to_proto(run_passes(ir.serde.deserialize_model(model), [ResolveShapes()]))
 
 
 def is_concrete(value: onnx.ValueInfoProto | None) -> bool:
@@ -59,19 +73,20 @@ def is_concrete(value: onnx.ValueInfoProto | None) -> bool:
     return tensor.elem_type != 0 and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim)
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with the value infos strict ONNX shape inference finds. Inference runs on the model without
-    its weights (serialising them to onnx's C++ was most of its time), with data propagation unless that contradicts
-    shapes the model already states (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took
-    everything)."""
-    inferred = _infer_types(_without_weights(model))
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
-    result.graph.ClearField("value_info")
-    result.graph.value_info.extend(inferred.graph.value_info)
-    result.graph.ClearField("output")
-    result.graph.output.extend(inferred.graph.output)
-    return result
+def _infer(model: ir.Model) -> None:
+    """Set the shapes and types strict ONNX shape inference finds. Inference runs on the model without its weights
+    (serialising them to onnx's C++ was most of its time), with data propagation unless that contradicts shapes the
+    model already states (onnx 1.23 propagates a Slice of a shape whose bounds are unknown as if it took
+    everything). Not onnx-ir's ShapeInferencePass: where inference fails it logs a warning and leaves the model as
+    it was, and that failure is the user's to hear about."""
+    inferred = _infer_types(without_weights(model, WEIGHT_BYTES)).graph
+    values = ir.convenience.create_value_mapping(model.graph, include_subgraphs=False)
+    for info in [*inferred.value_info, *inferred.output]:
+        value = values.get(info.name)
+        if value is not None and not value.is_initializer() and is_concrete(info):
+            tensor = info.type.tensor_type
+            value.dtype = ir.DataType(tensor.elem_type)
+            value.shape = ir.Shape([d.dim_value for d in tensor.shape.dim])
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -85,81 +100,59 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
         raise ModelError(f"shape inference failed: {one_line(exc)}") from None
 
 
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose initializers of WEIGHT_BYTES or more are graph inputs of the same type and shape instead."""
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    graph = light.graph
-    weights = [t for t in graph.initializer if len(t.raw_data) >= WEIGHT_BYTES]
-    kept = [t for t in graph.initializer if len(t.raw_data) < WEIGHT_BYTES]
-    graph.ClearField("initializer")
-    graph.initializer.extend(kept)
-    declared = {value.name for value in graph.input}
-    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                       for t in weights if t.name not in declared)
-    return light
-
-
-def _refuse_mismatched_channels(model: onnx.ModelProto) -> None:
+def _refuse_mismatched_channels(graph: ir.Graph) -> None:
     """ModelError for a Conv or ConvTranspose whose input has other channels than its weight takes: ONNX shape
     inference lets it through and onnxruntime fails only when it runs (after the rewrite was written)."""
-    dims = {name: [d.dim_value for d in value.type.tensor_type.shape.dim] for name, value in _known(model).items()}
-    dims.update({i.name: list(i.dims) for i in model.graph.initializer})
-    for node in model.graph.node:
-        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+    for node in graph:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.inputs) < 2:
             continue
-        x, w = dims.get(node.input[0]), dims.get(node.input[1])
-        if not x or not w or len(x) < 2 or len(w) < 2:
+        x, w = (_dims(value) for value in node.inputs[:2])
+        if len(x) < 2 or len(w) < 2:
             continue
-        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        group = node.attributes.get_int("group", 1)
         expected = w[1] * group if node.op_type == "Conv" else w[0]
         if x[1] != expected:
-            raise ModelError(f"{node.op_type} node {node.name!r} reads {node.input[0]!r} with {x[1]} channels, but "
-                             f"its weight {node.input[1]!r} of shape {w} (group {group}) takes {expected}: fix the "
-                             "model's input shape (--input-shape) or its weights")
+            raise ModelError(f"{node.op_type} node {node.name!r} reads {_name(node.inputs[0])!r} with {x[1]} "
+                             f"channels, but its weight {_name(node.inputs[1])!r} of shape {w} (group {group}) takes "
+                             f"{expected}: fix the model's input shape (--input-shape) or its weights")
 
 
-def _known(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    graph = model.graph
-    return {v.name: v for v in [*graph.value_info, *graph.output, *graph.input] if is_concrete(v)}
+def _dims(value: ir.Value | None) -> list[int]:
+    """A value's concrete dimensions, or none when it has no concrete shape."""
+    if value is None or value.shape is None or not value.shape.is_static():
+        return []
+    return list(value.shape.numpy())
 
 
-def _unknown(model: onnx.ModelProto) -> list[str]:
-    """Node outputs without a concrete shape and type, in graph order."""
-    known = _known(model)
-    initializers = {i.name for i in model.graph.initializer}
-    return [out for node in model.graph.node for out in node.output
-            if out and out not in known and out not in initializers]
+def _name(value: ir.Value | None) -> str:
+    return "" if value is None else value.name or ""
 
 
-def _adopt(model: onnx.ModelProto, shapes: dict[str, onnx.ValueInfoProto], names: list[str]) -> None:
-    """Record the shapes found for `names` in the model's value_info (or its outputs), replacing partial ones."""
-    found = {name: shapes[name] for name in names if name in shapes}
-    for output in model.graph.output:
-        if output.name in found:
-            output.type.CopyFrom(found.pop(output.name).type)
-    kept = [v for v in model.graph.value_info if v.name not in found]
-    model.graph.ClearField("value_info")
-    model.graph.value_info.extend([*kept, *found.values()])
+def _unknown(graph: ir.Graph) -> list[ir.Value]:
+    """Named node outputs without a concrete shape and type, in graph order."""
+    return [value for node in graph for value in node.outputs
+            if value.name and not value.is_initializer() and not is_concrete_value(value)]
 
 
-def _folded_shapes(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Shapes on a copy whose constant shape subgraphs are folded (never a parameter's values): those the folder
-    gave the values it evaluated (their nodes are gone from the copy), then those inference finds downstream."""
-    parameters = {i.name for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
-    copy = ir.serde.deserialize_model(model)
+def _adopt(unknown: list[ir.Value], found: dict[str, ir.Value]) -> None:
+    """Give the `unknown` values the types and shapes of the values of their names `found`."""
+    for value in unknown:
+        shape = found.get(named(value))
+        if shape is not None:
+            value.type = shape.type
+            value.shape = ir.Shape(shape.shape.dims) if shape.shape is not None else None
+
+
+def _folded_shapes(model: ir.Model) -> dict[str, ir.Value]:
+    """Concrete values, by name, of a clone whose constant shape subgraphs are folded (never a parameter's values):
+    those the folder evaluated (their nodes are gone from the clone) and those inference then finds downstream."""
+    parameters = {name for name, value in model.graph.initializers.items() if value.dtype in FLOAT_TYPES}
+    copy = model.clone()
     values = [value for node in copy.graph for value in node.outputs]
     fold_constants(copy, onnx_shape_inference=True, should_fold=lambda node: _should_fold(node, parameters))
-    shapes = {named(value): ir.serde.serialize_value(value) for value in values if _is_concrete_value(value)}
-    try:
-        return {**_known(_infer(ir.serde.serialize_model(copy))), **shapes}
-    except ModelError:
-        return shapes
-
-
-def _is_concrete_value(value: ir.Value) -> bool:
-    """Whether an IR value has a name, a tensor type and every dimension fixed."""
-    return bool(value.name) and value.dtype is not None and value.shape is not None and value.shape.is_static()
+    with contextlib.suppress(ModelError):  # the folder's shapes alone then
+        _infer(copy)
+    return {named(value): value for value in values if value.name and is_concrete_value(value)}
 
 
 def _should_fold(node: ir.Node, parameters: set[str]) -> bool | None:
@@ -174,34 +167,35 @@ def _should_fold(node: ir.Node, parameters: set[str]) -> bool | None:
     return None
 
 
-def _refuse_data_dependent(model: onnx.ModelProto, unknown: list[str]) -> None:
+def _refuse_data_dependent(unknown: list[ir.Value]) -> None:
     """ModelError naming the first op whose output shape depends on input values, upstream of an unknown tensor."""
-    producer = {out: node for node in model.graph.node for out in node.output}
-    seen: set[str] = set()
-    stack = list(unknown)
+    seen: set[ir.Node] = set()
+    stack: list[ir.Value | None] = list(unknown)
     while stack:
-        node = producer.get(stack.pop())
-        if node is None or node.name in seen:
+        value = stack.pop()
+        node = None if value is None else value.producer()
+        if node is None or node in seen:
             continue
-        seen.add(node.name)
+        seen.add(node)
         if node.op_type in DATA_DEPENDENT_OPS:
-            raise ModelError(f"the shape of {node.output[0]!r} depends on the input values ({node.op_type} node "
-                             f"{node.name!r}): onnx-remat needs every tensor's size known before running")
-        stack.extend(node.input)
+            raise ModelError(f"the shape of {_name(node.outputs[0])!r} depends on the input values ({node.op_type} "
+                             f"node {node.name!r}): onnx-remat needs every tensor's size known before running")
+        stack.extend(node.inputs)
 
 
-def _shapes_from_running(model: onnx.ModelProto, unknown: list[str]) -> dict[str, onnx.ValueInfoProto]:
-    """Run the model once in onnxruntime with the unknown tensors as outputs; their value infos."""
+def _shapes_from_running(model: ir.Model, unknown: list[ir.Value]) -> dict[str, ir.Value]:
+    """Run the model once in onnxruntime with the unknown tensors as outputs; values of their types and shapes."""
     from onnx_remat.passes.execute import random_feeds, run
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in unknown)
+    probe = to_proto(model)
+    outputs = len(probe.graph.output)
+    names = [named(value) for value in unknown]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names)
     try:
-        values = run(probe, random_feeds(probe))[len(model.graph.output):]
+        values = run(probe, random_feeds(probe))[outputs:]
     except Exception as exc:  # onnxruntime raises several types, all meaning the model cannot run here
-        raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {unknown[0]!r}): running "
+        raise ModelError(f"cannot determine the size of {len(unknown)} tensors (first: {names[0]!r}): running "
                          f"the model in onnxruntime to find them failed: {one_line(exc)}") from None
-    return {name: onnx.helper.make_tensor_value_info(
-                name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
-            for name, value in zip(unknown, values, strict=True) if isinstance(value, np.ndarray)}
+    return {name: ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(value.dtype)),
+                           shape=ir.Shape(value.shape))
+            for name, value in zip(names, values, strict=True) if isinstance(value, np.ndarray)}

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.budget import Budget
 from onnx_remat.options import COST_MODEL_VARIABLE
+from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
+from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
 from onnx_remat.pipeline import PreparedModel
@@ -85,6 +89,13 @@ def skip_path(tmp_path):
 
 PROOF_SECONDS = 600.0
 """Time for minima the tests rely on being proven: seconds on a quiet machine, far more than a loaded one needs."""
+
+
+def step_as_proto(model: onnx.ModelProto, **options: Any) -> TrainingGraph:
+    """The training step of `model` (build_training_graph on it read into onnx-ir), its model serialised to the
+    ModelProto onnxruntime, OpenVINO and the checker take."""
+    step = build_training_graph(ir.serde.deserialize_model(model), **options)
+    return replace(step, model=to_proto(step.model))
 
 
 def whole_gradient_groups(prepared: PreparedModel) -> PreparedModel:

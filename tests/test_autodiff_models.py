@@ -11,11 +11,11 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import step_as_proto
 from onnx import TensorProto, helper, numpy_helper
 from test_autodiff_rules import run_openvino, run_ort
 
 from onnx_remat.errors import ModelError, UsageError
-from onnx_remat.passes.autodiff import build_training_graph
 
 TOLERANCE = 1e-4
 
@@ -206,7 +206,7 @@ def torch_reference(model: onnx.ModelProto, twin: Callable, data: dict, loss: st
 def test_network_gradients_match_torch_in_both_runtimes(name: str) -> None:
     builder, loss = NETWORKS[name]
     model, twin, input_shape = builder()
-    training = build_training_graph(model, loss=loss)
+    training = step_as_proto(model, loss=loss)
     onnx.checker.check_model(training.model, full_check=True)
     assert training.model.ir_version == 10
     data = feeds(training.model, input_shape, loss)
@@ -224,7 +224,7 @@ def test_network_gradients_match_torch_in_both_runtimes(name: str) -> None:
 
 def test_groups_cover_every_backward_node_once() -> None:
     model, _, _ = residual()
-    training = build_training_graph(model, loss="mse")
+    training = step_as_proto(model, loss="mse")
     copies = {n.name for n in training.model.graph.node if n.name.endswith((".running_mean_in", ".running_var_in"))}
     forward = {n.name for n in model.graph.node} | copies  # BatchNorm reads copies of its running statistics
     grouped = [n for names in training.backward_groups.values() for n in names]
@@ -240,7 +240,7 @@ def test_groups_cover_every_backward_node_once() -> None:
 
 def test_training_outputs() -> None:
     model, _, _ = cnn()
-    training = build_training_graph(model, loss="cross-entropy", freeze=["fc.b"])
+    training = step_as_proto(model, loss="cross-entropy", freeze=["fc.b"])
     outputs = [o.name for o in training.model.graph.output]
     assert outputs[:2] == ["fc", "b1.bn.running_mean_out"]
     assert "loss" in outputs and "grad.fc.b" not in outputs
@@ -259,22 +259,22 @@ def tiny(op_type: str = "Relu", out_type: int = TensorProto.FLOAT, **kwargs) -> 
 
 def test_errors() -> None:
     with pytest.raises(ModelError, match="no trainable parameters"):
-        build_training_graph(tiny(), loss="sum", freeze=["w"])
+        step_as_proto(tiny(), loss="sum", freeze=["w"])
     with pytest.raises(ModelError, match="cross-entropy needs an output of shape"):
-        build_training_graph(unet()[0], loss="cross-entropy")
+        step_as_proto(unet()[0], loss="cross-entropy")
     with pytest.raises(ModelError, match="integer-only path"):
-        build_training_graph(tiny("Cast", TensorProto.INT64, to=TensorProto.INT64), loss="sum")
+        step_as_proto(tiny("Cast", TensorProto.INT64, to=TensorProto.INT64), loss="sum")
     with pytest.raises(UsageError, match="cannot freeze"):
-        build_training_graph(tiny(), loss="sum", freeze=["nope"])
+        step_as_proto(tiny(), loss="sum", freeze=["nope"])
     with pytest.raises(UsageError, match="unknown loss"):
-        build_training_graph(tiny(), loss="hinge")
-    trained = build_training_graph(tiny(), loss="sum").model
+        step_as_proto(tiny(), loss="hinge")
+    trained = step_as_proto(tiny(), loss="sum").model
     with pytest.raises(ModelError, match="already contains training parts"):
-        build_training_graph(trained, loss="sum")
+        step_as_proto(trained, loss="sum")
     foreign = tiny()
     foreign.graph.node.append(helper.make_node("ReluGrad", ["y", "w"], ["z"], name="rg", domain="com.microsoft"))
     with pytest.raises(ModelError, match=r"ReluGrad \(rg\)"):
-        build_training_graph(foreign, loss="sum")
+        step_as_proto(foreign, loss="sum")
 
 
 @pytest.mark.slow
@@ -282,7 +282,7 @@ def test_errors() -> None:
 def test_exported_fixtures_train_alike_in_both_runtimes(fixture: str) -> None:
     """PyTorch-exported models: the training graph builds and both runtimes agree on every gradient."""
     model = onnx.load(str(Path(__file__).parent.parent / "models" / "fixtures" / f"{fixture}.onnx"))
-    training = build_training_graph(model, loss="mse")
+    training = step_as_proto(model, loss="mse")
     rng = np.random.default_rng(0)
     data = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
             for i in training.model.graph.input}

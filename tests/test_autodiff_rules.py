@@ -13,6 +13,7 @@ import openvino as ov
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import step_as_proto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper, shape_inference
@@ -20,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import op_conv_transpose, op_erf
 
 from onnx_remat.errors import ModelError
-from onnx_remat.passes.autodiff import RULES, build_training_graph
+from onnx_remat.passes.autodiff import RULES
 
 FD_TOLERANCE = 1e-6
 TORCH_TOLERANCE = 1e-4
@@ -141,7 +142,7 @@ def with_initializers(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> 
 def check_finite_differences(case: Case) -> float:
     """Directional derivatives of the float64 loss vs the training graph's gradients (onnx reference runtime)."""
     model = case_model(case, np.float64)
-    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    training = step_as_proto(model, loss="sum", freeze=probes(model))
     got = dict(zip([o.name for o in training.model.graph.output], reference(training.model).run(None, {}),
                    strict=True))
     params = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -174,7 +175,7 @@ def torch_grads(case: Case) -> dict[str, np.ndarray]:
 def check_runtimes(case: Case) -> float:
     """The float32 training graph in onnxruntime and OpenVINO vs torch autograd."""
     model = case_model(case, np.float32)
-    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    training = step_as_proto(model, loss="sum", freeze=probes(model))
     onnx.checker.check_model(training.model, full_check=True)
     expected = torch_grads(case)
     assert set(training.gradients) == set(expected), f"{case}: gradients {training.gradients} vs {list(expected)}"
@@ -497,7 +498,7 @@ def test_einsum(case: Case) -> None:
 def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reason) -> None:
     model = case_model(einsum_case(equation, *shapes), np.float32)
     with pytest.raises(ModelError, match=f"Einsum 'op'.*{reason}"):
-        build_training_graph(model, loss="sum", freeze=probes(model))
+        step_as_proto(model, loss="sum", freeze=probes(model))
 
 
 def test_every_rule_is_tested() -> None:
@@ -510,7 +511,7 @@ def test_dropout_uses_the_mask() -> None:
     """Training-mode dropout: the gradient is probe * mask / (1 - ratio) for the mask of the same run."""
     case = Case("Dropout", [rand(4, 50), np.array(0.25)], None)
     model = case_model(case, np.float32)
-    training = build_training_graph(model, loss="sum", freeze=probes(model))
+    training = step_as_proto(model, loss="sum", freeze=probes(model))
     training.model.graph.output.append(helper.make_tensor_value_info("op.mask", TensorProto.BOOL, [4, 50]))
     got = run_ort(training.model)
     probe = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "probe0"))
@@ -525,4 +526,4 @@ def test_unsupported_ops_are_listed_once() -> None:
                               [numpy_helper.from_array(np.ones(3, np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     with pytest.raises(ModelError, match=r"Cos \(e.g. node 'cosine'\).*Sin \(e.g. node 'sine'\)"):
-        build_training_graph(model, loss="sum")
+        step_as_proto(model, loss="sum")

@@ -173,7 +173,7 @@ def test_in_graph_is_cached_apart_from_isolated(model, devices):
 def test_runtimes_name_the_nodes_they_time(name, devices):
     """Almost all the time each engine reports inside a VGG16 training step goes to an ONNX node of it, by the
     node's name or the name of a tensor the node makes (OpenVINO's reorders)."""
-    model = prepare(build("vgg16", batch=1, resolution=32), "train").inferred
+    model = prepare(build("vgg16", batch=1, resolution=32), "train").proto
     owner = {node.name: k for k, node in enumerate(model.graph.node)}
     owner.update({out: k for k, node in enumerate(model.graph.node) for out in node.output if out})
     runtime = runtime_for(next(d for d in devices if d.name == name))

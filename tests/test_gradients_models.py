@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 import torch
+from conftest import step_as_proto
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from test_autodiff_rules import run_openvino, run_ort
@@ -26,7 +27,7 @@ from torch_oracle import leaves, loss_value, reference, run_forward, tensor
 
 from onnx_remat.errors import UsageError
 from onnx_remat.models import FIXTURES, MODELS
-from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
+from onnx_remat.passes.autodiff import TrainingGraph
 from onnx_remat.passes.layers import check_topological, training_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -103,7 +104,7 @@ def run_case(name: str, float64: bool) -> Run:
     """Build the case's training graph and run it: onnxruntime in float32, the reference runtime in float64."""
     case = CASES[name]
     model = to_double(case.model()) if float64 else case.model()
-    graph = build_training_graph(model, loss=case.loss)
+    graph = step_as_proto(model, loss=case.loss)
     data = feeds(graph.model, case.loss)
     runtime: Callable = run_reference if float64 else run_ort
     return Run(model, graph, data, runtime(graph.model, data))
@@ -173,7 +174,7 @@ def torch_sgd_step(model: onnx.ModelProto, data: dict[str, np.ndarray], loss: st
 def test_sgd_step_matches_torch_optim() -> None:
     """`<param>.updated` is torch.optim.SGD's step; the update nodes join the backward groups."""
     model, lr = MODELS["resnet18"](batch=2), 0.5
-    graph = build_training_graph(model, loss="cross-entropy", optimizer="sgd", lr=lr)
+    graph = step_as_proto(model, loss="cross-entropy", optimizer="sgd", lr=lr)
     data = feeds(graph.model, "cross-entropy")
     got = run_ort(graph.model, data)
     expected = torch_sgd_step(model, data, "cross-entropy", graph.parameters, lr)
@@ -194,10 +195,10 @@ def test_sgd_step_matches_torch_optim() -> None:
 def test_sgd_rejects_bad_arguments() -> None:
     model = MODELS["vgg16"](batch=2)
     with pytest.raises(UsageError, match="unknown optimizer 'adam'"):
-        build_training_graph(model, loss="sum", optimizer="adam")
+        step_as_proto(model, loss="sum", optimizer="adam")
     with pytest.raises(UsageError, match="learning rate"):
-        build_training_graph(model, loss="sum", optimizer="sgd", lr=float("nan"))
-    assert build_training_graph(model, loss="sum").updates == ()
+        step_as_proto(model, loss="sum", optimizer="sgd", lr=float("nan"))
+    assert step_as_proto(model, loss="sum").updates == ()
 
 
 I64 = np.int64

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from conftest import conv_chain, skip_net
 
@@ -15,6 +16,7 @@ from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.pipeline import costed_problem, prepare, with_headroom
 
 
@@ -112,6 +114,24 @@ def test_summary_counts_the_recomputed_nodes_a_user_sees():
     extra = sum(r.extra_computations for r in result.report.recomputations)
     assert result.report.recomputed_nodes == nodes >= extra > 0
     assert f"recompute    {nodes} nodes: {extra} extra computations" in result.report.summary()
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_the_prepared_model_is_one_onnx_ir_model_sized_as_onnxruntime_computes(mode):
+    """prepare() keeps one ir.Model whose every node output carries the shape and element type onnxruntime gives
+    it; `proto` is that model serialised once."""
+    prepared = prepare(skip_net(), mode)
+    assert isinstance(prepared.model, ir.Model) and prepared.proto is prepared.proto
+    infos = tensor_infos(prepared.model)
+    names = [value.name for node in prepared.model.graph for value in node.outputs if value.name]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(prepared.proto)
+    declared = {output.name for output in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=name) for name in names if name not in declared)
+    computed = dict(zip([o.name for o in probe.graph.output], run(probe, random_feeds(probe, seed=0)), strict=True))
+    for name in names:
+        assert infos[name].shape == computed[name].shape, name
+        assert infos[name].elem_type == onnx.helper.np_dtype_to_tensor_dtype(computed[name].dtype), name
 
 
 def test_headroom_refuses_only_the_budgets_it_takes_below_their_minimum():

@@ -63,10 +63,10 @@ def test_alternating_placement_runs_with_the_original_numbers(mode, block):
     graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = alternating(graph.problem, block)
     simulate(graph.problem, schedule)
-    model = rewrite(prepared.inferred, graph.opmap, schedule, graph.problem.devices)
-    feeds = random_feeds(prepared.model, seed=0)
+    model = rewrite(prepared.proto, graph.opmap, schedule, graph.problem.devices)
+    feeds = random_feeds(prepared.proto, seed=0)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=2)
-    assert_same_outputs(result.outputs, prepared.model, feeds)
+    assert_same_outputs(result.outputs, prepared.proto, feeds)
     assert result.copies > 10 and min(result.segments.values()) > 5
     assert result.seconds > 0 and all(seconds > 0 for seconds in result.device_seconds.values())
     assert result.seconds >= sum(result.device_seconds.values())
@@ -82,7 +82,7 @@ def test_a_schedule_on_the_second_device_runs_as_one_segment_there():
     prepared = prepare(FIXTURE, "train")
     graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = placed(keep_all(on_device(graph.problem, 1)), 1)
-    model = rewrite(prepared.inferred, graph.opmap, schedule, graph.problem.devices)
+    model = rewrite(prepared.proto, graph.opmap, schedule, graph.problem.devices)
     assert graph.opmap.prelude
     plan = build_plan(model, get_devices(TWO_ENGINES))
     assert [(type(step), step.device) for step in plan.steps] == [(Segment, 1)]
@@ -152,8 +152,8 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
     budgets = dict(zip(mixed.devices, mixed.budgets, strict=True))
-    rewritten = rewrite(prepared.inferred, graph.opmap, schedule, mixed.devices, budgets)
-    return rewritten, budgets, prepared.model
+    rewritten = rewrite(prepared.proto, graph.opmap, schedule, mixed.devices, budgets)
+    return rewritten, budgets, prepared.proto
 
 
 def test_measured_peaks_of_a_mixed_only_schedule_stay_within_budget_and_near_the_prediction():

@@ -12,7 +12,7 @@ import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
-import onnx_remat.pipeline
+import onnx_remat.passes.autodiff.builder
 import onnx_remat.resolve
 from onnx_remat.cli import main
 from onnx_remat.errors import UsageError
@@ -98,8 +98,8 @@ def test_a_sweep_prepares_once_and_searches_the_minimum_once(monkeypatch) -> Non
 
         return counted
 
-    monkeypatch.setattr("onnx_remat.pipeline.build_training_graph",
-                        counting("train step", onnx_remat.pipeline.build_training_graph))
+    monkeypatch.setattr("onnx_remat.passes.autodiff.builder.build_training_graph",
+                        counting("train step", onnx_remat.passes.autodiff.builder.build_training_graph))
     monkeypatch.setattr("onnx_remat.resolve.minimum_budget", counting("minimum", onnx_remat.resolve.minimum_budget))
     options = RematOptions(mode="train", time_limit=4)
     result = sweep(conv_chain(depth=2, size=8), parse_budgets("100%,90%,min,5%"), options)

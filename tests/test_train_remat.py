@@ -32,7 +32,7 @@ def test_rewritten_train_step_matches_unrewritten(name, kwargs, loss):
     result = onnx_remat.remat(model, (low + high) // 2, mode="train", training=training, time_limit=20)
     onnx.checker.check_model(result.model, full_check=True)
     assert result.report.predicted_peak_bytes <= result.report.budget_bytes
-    unrewritten = prepare(model, "train", training=training).model
+    unrewritten = prepare(model, "train", training=training).proto
     feeds = random_feeds(unrewritten, seed=1)
     names = [o.name for o in unrewritten.graph.output]
     assert names == [o.name for o in result.model.graph.output]
@@ -56,7 +56,7 @@ def test_rewritten_train_step_measures_below_keep_all_and_as_predicted(tmp_path)
     """Issue 3 item 4 in small: a rewritten U-Net train step, measured in onnxruntime, peaks below the
     un-rewritten one and within 10% of the solver's prediction (tools/bench_remat.py at the paper's sizes)."""
     model = build("unet", batch=4, resolution=64, depth=2)
-    unrewritten = prepare(model, "train").model
+    unrewritten = prepare(model, "train").proto
     reference = onnx_remat.remat(model, "100%", mode="train").report
     natural = reference.predicted_peak_bytes  # the un-rewritten schedule, freeing after each last use
     budget = (reference.minimum_budget_bytes + natural) // 2
@@ -107,11 +107,11 @@ def test_recomputed_training_batch_norm_runs_in_onnxruntime():
     last = len(names) - 1
     events = [Compute(op, op) for op in range(last)] + [Compute(op, last) for op in batch_norms]
     events.append(Compute(last, last))
-    rewritten = rewrite(prepared.inferred, graph.opmap, Schedule(tuple(events)))
+    rewritten = rewrite(prepared.proto, graph.opmap, Schedule(tuple(events)))
     recomputed = [n for n in rewritten.graph.node if "__remat" in n.name and n.op_type == "BatchNormalization"]
     assert len(recomputed) == 2 and all(len(n.output) == 3 and all(n.output) for n in recomputed)
-    feeds = random_feeds(prepared.model, seed=4)
-    for got, want in zip(run(rewritten, feeds), run(prepared.model, feeds), strict=True):
+    feeds = random_feeds(prepared.proto, seed=4)
+    for got, want in zip(run(rewritten, feeds), run(prepared.proto, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -138,7 +138,7 @@ def test_recomputed_training_batch_norm_updates_running_statistics_once(budget):
     result = onnx_remat.remat(model, budget, mode="train", time_limit=20)
     recomputed = [n for n in result.model.graph.node if "__remat" in n.name and n.op_type == "BatchNormalization"]
     assert recomputed
-    unrewritten = prepare(model, "train").model
+    unrewritten = prepare(model, "train").proto
     feeds = random_feeds(unrewritten, seed=5)
     names = [o.name for o in result.model.graph.output]
     want = run(unrewritten, feeds)

@@ -113,7 +113,7 @@ def bench(name: str, mode: str, budget: str, workdir: Path, repeats: int, time_r
         minimum = getattr(exc, "minimum_bytes", None) or _minimum(model, mode, time_limit)
         return [stem, mode, params, budget, "", f"{reason}: minimum {format_bytes(minimum)}"] + [""] * 10
     original, rewritten = workdir / f"{stem}.{mode}.onnx", workdir / f"{stem}.{mode}.remat.onnx"
-    unrewritten = prepare(model, mode).model
+    unrewritten = prepare(model, mode).proto
     onnx.save(unrewritten, str(original))
     result.save(rewritten, force=True)
     report = result.report

@@ -73,10 +73,10 @@ class Row:
 def training_problem(model: str, kwargs: dict) -> Problem:
     """The training step's problem on one analytic device, built the way the pipeline builds it."""
     prepared = prepare(models.build(model, **kwargs), "train", None, TrainingOptions())
-    infos = tensor_infos(prepared.inferred)
+    infos = tensor_infos(prepared.model)
     roofline = Roofline()
     costs = {"fast": lambda node, i: node_seconds(node, i, roofline)}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    graph = build_problem(prepared.proto, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     return graph.problem
 
 

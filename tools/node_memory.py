@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    model = prepare(args.model, args.mode).inferred
+    model = prepare(args.model, args.mode).proto
     values = node_values(model)
     weights = {init.name for init in model.graph.initializer}
     seen, rows = set(), []

@@ -31,8 +31,8 @@ def operators(model: Path, mode: str) -> tuple[onnx.ModelProto, list[tuple[str, 
     """The shape-inferred model and its operators as the solver would see them."""
     prepared = prepare(model, mode)
     free = {"cost": lambda node, infos: 0.0}
-    graph = build_problem(prepared.inferred, tensor_infos(prepared.inferred), free, lambda n, i: 0, prepared.groups)
-    return prepared.inferred, [tuple(group) for group in graph.opmap.node_names]
+    graph = build_problem(prepared.proto, tensor_infos(prepared.model), free, lambda n, i: 0, prepared.groups)
+    return prepared.proto, [tuple(group) for group in graph.opmap.node_names]
 
 
 def cost_table(groups: list[tuple[str, ...]], costs: ProfiledCosts) -> Table:

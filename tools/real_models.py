@@ -173,7 +173,7 @@ def to_double(model: onnx.ModelProto) -> onnx.ModelProto:
 def float64_step_outputs(path: Path, options: TrainingOptions, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The training step built from the float64 model, run by onnx's reference runtime (onnxruntime has no
     float64 Conv)."""
-    step = prepare(to_double(onnx.load(str(path))), mode="train", training=options).model
+    step = prepare(to_double(onnx.load(str(path))), mode="train", training=options).proto
     wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
     values = ReferenceEvaluator(step).run(None, wide)
     return dict(zip([o.name for o in step.graph.output], values, strict=True))
@@ -196,7 +196,7 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
     """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
     options = TrainingOptions(loss=ARCHITECTURES[name].loss)
     start = time.perf_counter()
-    step = prepare(path, mode="train", training=options).model
+    step = prepare(path, mode="train", training=options).proto
     outcome.prepare_seconds = time.perf_counter() - start
     feeds = training_feeds(name, step)
     built = run(step, feeds)

@@ -1,23 +1,26 @@
-"""Build the training graph: forward in training mode, loss, backward nodes, and `grad.<param>` outputs."""
+"""Build the training graph: forward in training mode, loss, backward nodes, and `grad.<param>` outputs; on onnx-ir,
+as the functional pass BuildTrainingStep."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss
 from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
-from onnx_remat.passes.autodiff.prepare import infer, ir_version_for, make_trainable, prepared_copy
-from onnx_remat.passes.autodiff.rules import RULES
+from onnx_remat.passes.autodiff.prepare import infer, ir_version_for, make_trainable, prepared_copy, reject_training
+from onnx_remat.passes.autodiff.rules import RULES, Rule
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
+from onnx_remat.passes.manager import named, without_weights
+from onnx_remat.passes.shapes import WEIGHT_BYTES
 
 GRAD_PREFIX = "grad."
 
@@ -26,7 +29,7 @@ GRAD_PREFIX = "grad."
 class TrainingGraph:
     """The training model and how its backward nodes belong to forward nodes."""
 
-    model: onnx.ModelProto
+    model: ir.Model
     backward_groups: dict[str, tuple[str, ...]]  # forward node name -> its gradient's node names
     parameters: tuple[str, ...]
     gradients: tuple[str, ...]  # `grad.<param>`, in the order of `parameters`
@@ -35,22 +38,47 @@ class TrainingGraph:
     updates: tuple[str, ...] = ()  # `<param>.updated` after the optimizer step, in the order of `parameters`
 
 
+class BuildTrainingStep(ir.passes.FunctionalPass):
+    """The training step of a forward model (`build_training_graph`) as a new model; `backward_groups` are its
+    gradient nodes' names by forward node after a call. Requires a forward-only model; ensures the step passes the
+    ONNX checker."""
+
+    def __init__(self, loss: str = "mse", freeze: Iterable[str] = (), optimizer: str | None = None,
+                 lr: float = 0.01) -> None:
+        super().__init__()
+        check_optimizer(optimizer, lr)
+        self.loss, self.freeze, self.optimizer, self.lr = loss, tuple(freeze), optimizer, lr
+        self.backward_groups: dict[str, tuple[str, ...]] = {}
+
+    def requires(self, model: ir.Model) -> None:
+        reject_training(model)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        step = build_training_graph(model, self.loss, self.freeze, self.optimizer, self.lr)
+        self.backward_groups = step.backward_groups
+        return ir.passes.PassResult(step.model, modified=True)
+
+    def ensures(self, model: ir.Model) -> None:
+        onnx.checker.check_model(without_weights(model, WEIGHT_BYTES), full_check=True)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Which tensors carry gradients and which nodes the backward pass visits."""
 
-    parameters: tuple[str, ...]
-    requires: frozenset[str]  # tensors that depend on a parameter through differentiable inputs
-    active: frozenset[str]  # forward nodes between a parameter and the loss
+    parameters: tuple[ir.Value, ...]
+    requires: frozenset[ir.Value]  # tensors that depend on a parameter through differentiable inputs
+    active: frozenset[ir.Node]  # forward nodes between a parameter and the loss
 
 
-def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iterable[str] = (),
+def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[str] = (),
                          optimizer: str | None = None, lr: float = 0.01) -> TrainingGraph:
-    """Append a loss and its gradient w.r.t. every trainable float initializer, in standard ops of the model's opset;
-    with `optimizer="sgd"` also each parameter's updated value `<param>.updated = param - lr * grad.<param>`."""
+    """A copy of `model` with a loss appended and its gradient w.r.t. every trainable float initializer, in standard
+    ops of the model's opset; with `optimizer="sgd"` also each parameter's updated value
+    `<param>.updated = param - lr * grad.<param>`."""
     check_optimizer(optimizer, lr)
     model = prepared_copy(model)
-    if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
+    if any(n.op_type in RECURRENT_OPS for n in model.graph):
         unroll_recurrences(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
@@ -59,55 +87,60 @@ def build_training_graph(model: onnx.ModelProto, loss: str = "mse", freeze: Iter
     plan = _plan(model, info, frozen)
     backward = _Backward(model, info, plan)
     backward.run()
-    _finish(model, info, stats, plan.parameters, backward.nodes)
-    gradients = tuple(_grad_name(p) for p in plan.parameters)
+    gradients = _finish(model, info, stats, plan.parameters, backward)
     updates: tuple[str, ...] = ()
     if optimizer == "sgd":
         backward.add_steps(add_sgd(model.graph, plan.parameters, gradients, lr))
-        updates = tuple(updated_name(p) for p in plan.parameters)
+        updates = tuple(updated_name(named(p)) for p in plan.parameters)
     model.ir_version = ir_version_for(model)
-    onnx.checker.check_model(model, full_check=True)
     groups = {name: tuple(nodes) for name, nodes in backward.groups.items()}
-    return TrainingGraph(model, groups, plan.parameters, gradients, tuple(stats), updates=updates)
+    return TrainingGraph(model, groups, tuple(named(p) for p in plan.parameters), tuple(named(g) for g in gradients),
+                         tuple(named(s) for s in stats), updates=updates)
 
 
-def _frozen(model: onnx.ModelProto, freeze: Iterable[str]) -> frozenset[str]:
+def _frozen(model: ir.Model, freeze: Iterable[str]) -> frozenset[str]:
     """The initializers not to train; UsageError for names that are not initializers."""
     frozen = frozenset(freeze)
-    unknown = sorted(frozen - {i.name for i in model.graph.initializer})
+    unknown = sorted(frozen - set(model.graph.initializers))
     if unknown:
         raise UsageError(f"cannot freeze {', '.join(unknown)}: not initializers of the model")
     return frozen
 
 
-def _grad_name(param: str) -> str:
-    return f"{GRAD_PREFIX}{param}"
+def _grad_name(param: ir.Value) -> str:
+    return f"{GRAD_PREFIX}{named(param)}"
 
 
-def _differentiable(node: onnx.NodeProto, requires: set[str] | frozenset[str]) -> list[str]:
+def _differentiable(node: ir.Node, requires: set[ir.Value] | frozenset[ir.Value]) -> list[ir.Value]:
     """The node's inputs that carry a gradient into it (all float inputs for ops without a rule)."""
     rule = RULES.get(node.op_type)
-    return [i for pos, i in enumerate(node.input)
-            if i in requires and (rule is None or rule.differentiates(pos))]
+    return [i for pos, i in enumerate(node.inputs)
+            if i is not None and i in requires and (rule is None or rule.differentiates(pos))]
 
 
-def _plan(model: onnx.ModelProto, info: GraphInfo, frozen: frozenset[str]) -> _Plan:
+def _loss(model: ir.Model) -> ir.Value:
+    """The graph output `loss` add_loss appended."""
+    return next(output for output in model.graph.outputs if output.name == LOSS)
+
+
+def _plan(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Plan:
     """Find the trainable parameters and the nodes on their paths to the loss; ModelError if none or no rule."""
-    candidates = [i.name for i in model.graph.initializer if info.is_float(i.name) and i.name not in frozen]
+    graph = model.graph
+    candidates = [v for name, v in graph.initializers.items() if info.is_float(v) and name not in frozen]
     requires = set(candidates)
-    for node in model.graph.node:
+    for node in graph:
         if _differentiable(node, requires):
-            requires |= {o for o in node.output if o and info.is_float(o)}
-    reaches, active = {LOSS}, set()
-    for node in reversed(model.graph.node):
-        if any(o in reaches and o in requires for o in node.output):
-            active.add(node.name)
+            requires |= {o for o in node.outputs if o.name and info.is_float(o)}
+    reaches, active = {_loss(model)}, set()
+    for node in reversed(graph):
+        if any(o in reaches and o in requires for o in node.outputs):
+            active.add(node)
             reaches |= set(_differentiable(node, requires))
     missing: dict[str, str] = {}  # op type -> the first node of that type
-    for node in model.graph.node:
-        if node.name in active and (node.op_type not in RULES or node.domain not in ("", "ai.onnx")):
+    for node in graph:
+        if node in active and (node.op_type not in RULES or node.domain not in ("", "ai.onnx")):
             missing.setdefault(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
-                               node.name)
+                               named(node))
     if missing:
         listed = "; ".join(f"{op} (e.g. node {name!r})" for op, name in sorted(missing.items()))
         raise ModelError(f"no gradient rule for these op types: {listed}")
@@ -119,21 +152,22 @@ def _plan(model: onnx.ModelProto, info: GraphInfo, frozen: frozenset[str]) -> _P
     return _Plan(parameters, frozenset(requires), frozenset(active))
 
 
-def _refuse_integer_paths(model: onnx.ModelProto, info: GraphInfo, candidates: list[str],
-                          parameters: tuple[str, ...], requires: set[str]) -> None:
+def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.Value],
+                          parameters: tuple[ir.Value, ...], requires: set[ir.Value]) -> None:
     """ModelError for parameters whose values reach the loss only through integer or boolean tensors (a Cast
     to int, an ArgMax): they would silently get no gradient. Shape and Size read no values."""
-    values = {LOSS}
-    for node in reversed(model.graph.node):
-        if node.op_type in ("Shape", "Size") or not any(o in values for o in node.output):
+    values: set[ir.Value] = {_loss(model)}
+    for node in reversed(model.graph):
+        if node.op_type in ("Shape", "Size") or not any(o in values for o in node.outputs):
             continue
         rule = RULES.get(node.op_type)
-        values |= {i for pos, i in enumerate(node.input) if i and (rule is None or rule.differentiates(pos))}
-    stranded = [p for p in candidates if p in values and p not in parameters]
+        values |= {i for pos, i in enumerate(node.inputs)
+                   if i is not None and (rule is None or rule.differentiates(pos))}
+    stranded = [named(p) for p in candidates if p in values and p not in parameters]
     if not stranded:
         return
-    casts = [n.name for n in model.graph.node if any(i in requires for i in n.input)
-             and any(o in values and not info.is_float(o) for o in n.output)]
+    casts = [named(n) for n in model.graph if any(i in requires for i in n.inputs)
+             and any(o in values and not info.is_float(o) for o in n.outputs)]
     names = ", ".join(stranded[:3]) + (f" and {len(stranded) - 3} more" if len(stranded) > 3 else "")
     where = f" (at node {casts[0]!r})" if casts else ""
     subject = f"parameters {names} reach" if len(stranded) > 1 else f"parameter {names} reaches"
@@ -144,30 +178,34 @@ def _refuse_integer_paths(model: onnx.ModelProto, info: GraphInfo, candidates: l
 class _Backward:
     """Walks the forward nodes in reverse, emitting each one's gradient nodes as its own group."""
 
-    def __init__(self, model: onnx.ModelProto, info: GraphInfo, plan: _Plan) -> None:
-        self.forward = list(model.graph.node)
+    def __init__(self, model: ir.Model, info: GraphInfo, plan: _Plan) -> None:
+        graph = model.graph
+        self.forward = list(graph)
+        self.loss = _loss(model)
         self.info = info
         self.plan = plan
-        taken = {n.name for n in self.forward} | {t for n in self.forward for t in [*n.input, *n.output]}
-        taken |= {v.name for v in [*model.graph.input, *model.graph.output]} | {i.name for i in model.graph.initializer}
+        taken = {named(n) for n in self.forward} | {v.name for n in self.forward for v in [*n.inputs, *n.outputs]
+                                                     if v is not None and v.name}
+        taken |= {v.name for v in [*graph.inputs, *graph.outputs] if v.name} | set(graph.initializers)
         self.names = Names(taken)
-        self.nodes: list[onnx.NodeProto] = []
+        self.nodes: list[ir.Node] = []
         self.groups: dict[str, list[str]] = {}
-        self.partial: dict[str, list[str]] = defaultdict(list)  # tensor -> gradient contributions
-        self.handed: dict[str, int] = defaultdict(int)  # gradient tensor -> times handed out as a contribution
+        self.partial: dict[ir.Value, list[ir.Value]] = defaultdict(list)  # tensor -> gradient contributions
+        self.handed: dict[ir.Value, int] = defaultdict(int)  # gradient tensor -> times handed out as a contribution
+        self.gradients: dict[ir.Value, ir.Value] = {}  # parameter -> its complete gradient `grad.<param>`
         self.last_use = self._last_uses()
 
-    def _last_uses(self) -> dict[str, list[str]]:
-        """Forward node -> the parameters whose gradient is complete once that node's gradient is emitted."""
-        done: dict[str, list[str]] = defaultdict(list)
-        seen: set[str] = set()
+    def _last_uses(self) -> dict[str, list[ir.Value]]:
+        """Forward node name -> the parameters whose gradient is complete once that node's gradient is emitted."""
+        done: dict[str, list[ir.Value]] = defaultdict(list)
+        seen: set[ir.Value] = set()
         for node in self.forward:
-            if node.name not in self.plan.active:
+            if node not in self.plan.active:
                 continue
             for param in _differentiable(node, self.plan.requires):
                 if param in self.plan.parameters and param not in seen:
                     seen.add(param)
-                    done[node.name].append(param)
+                    done[named(node)].append(param)
         return done
 
     def emitter(self, owner: str, dtype: np.dtype) -> Emitter:
@@ -177,76 +215,88 @@ class _Backward:
 
     def run(self) -> None:
         """Seed d loss = 1 and emit every active node's gradient in reverse order."""
-        loss_node = next(n for n in self.forward if LOSS in n.output)
-        e = self.emitter(loss_node.name, self.info.np_dtype(LOSS))
-        self._contribute(LOSS, e.scalar(1.0))
+        loss_node = self.loss.producer()
+        if loss_node is None:
+            raise ModelError(f"the loss {LOSS!r} is no node's output")
+        e = self.emitter(named(loss_node), self.info.np_dtype(self.loss))
+        self._contribute(self.loss, e.scalar(1.0))
         self._record(e, 0)
         for node in reversed(self.forward):
-            if node.name in self.plan.active:
+            if node in self.plan.active:
                 self._visit(node)
 
-    def _visit(self, node: onnx.NodeProto) -> None:
+    def _visit(self, node: ir.Node) -> None:
         """Emit one node's gradient, then complete the parameters it was the first user of."""
         start = len(self.nodes)
-        carrying = [o for o in node.output if o and self.partial.get(o)]
-        e = self.emitter(node.name, self.info.np_dtype(carrying[0]))
-        dys = [self._total(e, o) if o else "" for o in node.output]
+        carrying = [o for o in node.outputs if o.name and self.partial.get(o)]
+        e = self.emitter(named(node), self.info.np_dtype(carrying[0]))
         rule = RULES[node.op_type]
-        if rule.outputs is not None and any(dys[rule.outputs:]):
-            raise ModelError(f"{node.op_type} {node.name!r}: the loss depends on an output whose gradient "
-                             f"is not supported (only the first {rule.outputs})")
-        needs = [bool(i) and i in self.plan.requires and rule.differentiates(pos) for pos, i in enumerate(node.input)]
+        dys = self._output_grads(e, node, rule)
+        needs = [i is not None and i in self.plan.requires and rule.differentiates(pos)
+                 for pos, i in enumerate(node.inputs)]
         for pos, grad in rule.fn(e, node, dys, needs).items():
-            if needs[pos]:
-                self._contribute(node.input[pos], grad)
-        for param in self.last_use.get(node.name, []):
+            value = node.inputs[pos]
+            if needs[pos] and value is not None:
+                self._contribute(value, grad)
+        for param in self.last_use.get(named(node), []):
             self._complete(e, param)
         self._record(e, start)
 
+    def _output_grads(self, e: Emitter, node: ir.Node, rule: Rule) -> list[ir.Value]:
+        """The summed gradients of the outputs the rule uses (zeros for one no gradient reached); ModelError if the
+        loss depends on an output the rule does not use."""
+        dys = [self._total(e, o) if o.name else None for o in node.outputs]
+        if rule.outputs is not None and any(dy is not None for dy in dys[rule.outputs:]):
+            raise ModelError(f"{node.op_type} {node.name!r}: the loss depends on an output whose gradient "
+                             f"is not supported (only the first {rule.outputs})")
+        used = dys if rule.outputs is None else dys[: rule.outputs]
+        return [dy if dy is not None else e.zeros(self.info.shape(out))
+                for dy, out in zip(used, node.outputs, strict=False)]
+
     def add_steps(self, steps: dict[str, list[str]]) -> None:
         """Put each parameter's optimizer nodes in the group of the forward node that completes its gradient."""
-        owner = {param: node for node, params in self.last_use.items() for param in params}
+        owner = {named(param): node for node, params in self.last_use.items() for param in params}
         for param, names in steps.items():
             self.groups[owner[param]].extend(names)
 
     def _record(self, e: Emitter, start: int) -> None:
-        self.groups[e.owner].extend(n.name for n in self.nodes[start:])
+        self.groups[e.owner].extend(named(n) for n in self.nodes[start:])
 
-    def _contribute(self, tensor: str, grad: str) -> None:
+    def _contribute(self, tensor: ir.Value, grad: ir.Value) -> None:
         self.partial[tensor].append(grad)
         self.handed[grad] += 1
 
-    def _total(self, e: Emitter, tensor: str) -> str:
-        """The summed gradient of `tensor` ("" if nothing reached it)."""
+    def _total(self, e: Emitter, tensor: ir.Value) -> ir.Value | None:
+        """The summed gradient of `tensor` (None if nothing reached it)."""
         parts = self.partial.pop(tensor, [])
         if len(parts) > 1:
             return e.op("Sum", *parts)
-        return parts[0] if parts else ""
+        return parts[0] if parts else None
 
-    def _complete(self, e: Emitter, param: str) -> None:
+    def _complete(self, e: Emitter, param: ir.Value) -> None:
         """Make the parameter's summed gradient the tensor `grad.<param>`, renaming in place when safe."""
-        parts, name = self.partial.pop(param), _grad_name(param)
-        if len(parts) > 1:
-            e.ops("Sum", parts, 1, outputs=[name])
-            return
+        parts = self.partial.pop(param)
         grad = parts[0]
-        producer = next((n for n in self.nodes if grad in n.output), None)
-        if producer is None or self.handed[grad] > 1 or any(grad in n.input for n in self.nodes):
-            e.ops("Identity", [grad], 1, outputs=[name])
-        else:
-            producer.output[list(producer.output).index(grad)] = name
+        producer = grad.producer()
+        if len(parts) > 1:
+            grad = e.op("Sum", *parts)
+        elif producer is None or producer not in self.nodes or self.handed[grad] > 1 or grad.uses():
+            grad = e.op("Identity", grad)
+        grad.name = _grad_name(param)
+        self.gradients[param] = grad
 
 
-def _finish(model: onnx.ModelProto, info: GraphInfo, stats: list[str], params: tuple[str, ...],
-            backward: list[onnx.NodeProto]) -> None:
-    """Append the backward nodes and the outputs (typed: forward, running stats, loss, gradients)."""
+def _finish(model: ir.Model, info: GraphInfo, stats: Sequence[ir.Value], params: tuple[ir.Value, ...],
+            backward: _Backward) -> list[ir.Value]:
+    """Append the backward nodes and the outputs (forward, running stats, loss, gradients typed like their
+    parameters); the gradients, in the order of `params`."""
     graph = model.graph
-    graph.node.extend(backward)
-    forward = [o.name for o in graph.output if o.name != LOSS]
-    names = [*forward, *(s for s in stats if s not in forward), LOSS]
-    del graph.output[:]
-    graph.output.extend(helper.make_tensor_value_info(n, info.dtype(n), list(info.shape(n))) for n in names)
-    graph.output.extend(helper.make_tensor_value_info(_grad_name(p), info.dtype(p), list(info.shape(p)))
-                        for p in params)
-    del graph.value_info[:]
-
+    graph.extend(backward.nodes)
+    gradients = [backward.gradients[p] for p in params]
+    for param, grad in zip(params, gradients, strict=True):
+        grad.dtype, grad.shape = info.dtype(param), ir.Shape(info.shape(param))
+    forward = [o for o in graph.outputs if o is not backward.loss]
+    outputs = [*forward, *(s for s in stats if s not in forward), backward.loss, *gradients]
+    graph.outputs.clear()
+    graph.outputs.extend(outputs)
+    return gradients

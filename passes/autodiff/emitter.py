@@ -1,4 +1,4 @@
-"""Create the backward nodes of one forward node: readable names, constants, and shared tensor helpers."""
+"""Create the backward nodes of one forward node in onnx-ir: readable names, constants, and shared tensor helpers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 
@@ -39,7 +38,7 @@ class Names:
 class Emitter:
     """Appends nodes named `<owner>.grad/<k>` to `sink` (outputs named like the node), computing in `dtype`."""
 
-    def __init__(self, info: GraphInfo, names: Names, owner: str, sink: list[onnx.NodeProto], dtype: np.dtype) -> None:
+    def __init__(self, info: GraphInfo, names: Names, owner: str, sink: list[ir.Node], dtype: np.dtype) -> None:
         self.info = info
         self.dtype = dtype
         self.names = names
@@ -47,53 +46,52 @@ class Emitter:
         self.sink = sink
         self.prefix = f"{owner}.grad"
 
-    def ops(
-        self, op_type: str, inputs: Sequence[str], n_out: int, outputs: Sequence[str] = (), **attrs: Any
-    ) -> list[str]:
-        """Add one node with `n_out` outputs (named after the node unless given); return the output names."""
+    def ops(self, op_type: str, inputs: Sequence[ir.Value | None], n_out: int, **attrs: Any) -> list[ir.Value]:
+        """Add one node with `n_out` outputs named after the node; return its outputs."""
         name = self.names.fresh(self.prefix)
-        outs = list(outputs) or ([name] if n_out == 1 else [f"{name}:{j}" for j in range(n_out)])
-        self.sink.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
-        return outs
+        node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=n_out, name=name)
+        for j, output in enumerate(node.outputs):
+            output.name = name if n_out == 1 else f"{name}:{j}"
+        self.sink.append(node)
+        return list(node.outputs)
 
-    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+    def op(self, op_type: str, *inputs: ir.Value | None, **attrs: Any) -> ir.Value:
         """Add one single-output node; return its output."""
         return self.ops(op_type, inputs, 1, **attrs)[0]
 
     # Constants.
 
-    def const(self, value: np.ndarray) -> str:
+    def const(self, value: np.ndarray) -> ir.Value:
         """A Constant node holding `value`."""
-        return self.op("Constant", value=numpy_helper.from_array(np.asarray(value)))
+        return self.op("Constant", value=ir.tensor(np.asarray(value)))
 
-    def ints(self, values: Sequence[int]) -> str:
+    def ints(self, values: Sequence[int]) -> ir.Value:
         """A 1-D int64 constant."""
         return self.const(np.asarray(values, dtype=np.int64))
 
-    def scalar(self, value: float) -> str:
+    def scalar(self, value: float) -> ir.Value:
         """A scalar constant in the float type being differentiated."""
         return self.const(np.asarray(value, dtype=self.dtype))
 
-    def const_like(self, tensor: str, value: int | float) -> str:
+    def const_like(self, tensor: ir.Value, value: int | float) -> ir.Value:
         """A scalar constant of `tensor`'s element type (an index type, say)."""
         return self.const(np.asarray(value, dtype=self.info.np_dtype(tensor)))
 
-    def zeros(self, shape: Shape) -> str:
+    def zeros(self, shape: Shape) -> ir.Value:
         """A zero tensor (ConstantOfShape) in the float type being differentiated."""
-        zero = numpy_helper.from_array(np.zeros(1, dtype=self.dtype))
-        return self.op("ConstantOfShape", self.ints(shape), value=zero)
+        return self.op("ConstantOfShape", self.ints(shape), value=ir.tensor(np.zeros(1, dtype=self.dtype)))
 
     # Tensor helpers used by many rules.
 
-    def reshape(self, x: str, shape: Shape) -> str:
+    def reshape(self, x: ir.Value, shape: Shape) -> ir.Value:
         """Reshape to a static shape."""
         return self.op("Reshape", x, self.ints(shape))
 
-    def transpose(self, x: str, perm: Sequence[int]) -> str:
+    def transpose(self, x: ir.Value, perm: Sequence[int]) -> ir.Value:
         """Transpose, skipped for the identity permutation."""
         return x if list(perm) == sorted(perm) else self.op("Transpose", x, perm=list(perm))
 
-    def reduce(self, op_type: str, x: str, axes: Sequence[int], keepdims: bool) -> str:
+    def reduce(self, op_type: str, x: ir.Value, axes: Sequence[int], keepdims: bool) -> ir.Value:
         """A Reduce* op over `axes`, in the form of the graph's opset: axes an input for ReduceSum from 13 and for
         the others from 18, an attribute before."""
         since = 13 if op_type == "ReduceSum" else 18
@@ -101,19 +99,19 @@ class Emitter:
             return self.op(op_type, x, self.ints(axes), keepdims=int(keepdims))
         return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims))
 
-    def reduce_sum(self, x: str, axes: Sequence[int], keepdims: bool) -> str:
+    def reduce_sum(self, x: ir.Value, axes: Sequence[int], keepdims: bool) -> ir.Value:
         """ReduceSum over `axes`."""
         return self.reduce("ReduceSum", x, axes, keepdims)
 
-    def reduce_mean(self, x: str, axes: Sequence[int]) -> str:
+    def reduce_mean(self, x: ir.Value, axes: Sequence[int]) -> ir.Value:
         """ReduceMean over `axes`, keeping them."""
         return self.reduce("ReduceMean", x, axes, keepdims=True)
 
-    def scale(self, x: str, factor: float) -> str:
+    def scale(self, x: ir.Value, factor: float) -> ir.Value:
         """x * factor, skipped for factor 1."""
         return x if factor == 1 else self.op("Mul", x, self.scalar(factor))
 
-    def sum_to(self, g: str, g_shape: Shape, shape: Shape) -> str:
+    def sum_to(self, g: ir.Value, g_shape: Shape, shape: Shape) -> ir.Value:
         """Undo numpy broadcasting: sum `g` (of g_shape) over broadcast axes, then reshape to `shape`."""
         g_shape, shape = tuple(g_shape), tuple(shape)
         if g_shape == shape:

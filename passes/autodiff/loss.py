@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError, UsageError
 from onnx_remat.options import LOSSES
@@ -19,54 +18,60 @@ LABEL = "label"
 class _LossGraph:
     """Appends nodes named `loss/<step>` (output named like the node) to a graph."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
 
-    def op(self, step: str, op_type: str, *inputs: str, output: str | None = None, **attrs: Any) -> str:
-        """Add one node; its output is `output` or the node's name."""
+    def op(self, step: str, op_type: str, *inputs: ir.Value, output: str | None = None, **attrs: Any) -> ir.Value:
+        """Add one node; its output is named `output` or like the node."""
         name = f"{LOSS}/{step}"
-        self.graph.node.append(helper.make_node(op_type, list(inputs), [output or name], name=name, **attrs))
-        return output or name
+        node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=1, name=name)
+        node.outputs[0].name = output or name
+        self.graph.append(node)
+        return node.outputs[0]
 
-    def const(self, step: str, value: np.ndarray) -> str:
+    def const(self, step: str, value: np.ndarray) -> ir.Value:
         """A Constant node."""
-        return self.op(step, "Constant", value=numpy_helper.from_array(value))
+        return self.op(step, "Constant", value=ir.tensor(value))
 
 
-def add_loss(model: onnx.ModelProto, kind: str, info: GraphInfo) -> None:
+def add_loss(model: ir.Model, kind: str, info: GraphInfo) -> None:
     """Append the `kind` loss of the first graph output (and the `label` input it needs) to the model."""
     if kind not in LOSSES:
         raise UsageError(f"unknown loss {kind!r}: choose one of {', '.join(LOSSES)}")
     graph = model.graph
-    taken = {v.name for v in [*graph.input, *graph.output, *graph.value_info]} | {i.name for i in graph.initializer}
+    taken = {v.name for v in [*graph.inputs, *graph.outputs] if v.name} | set(graph.initializers)
+    taken |= {v.name for node in graph for v in node.outputs if v.name}
     if {LOSS, LABEL} & taken:
         raise ModelError(f"the model already has a tensor named {LOSS!r} or {LABEL!r}: rename it")
-    output = graph.output[0].name
+    output = graph.outputs[0]
     if info.dtype(output) not in FLOAT_TYPES:
-        raise ModelError(f"output {output!r} is not floating-point: an integer-only path has no gradient")
+        raise ModelError(f"output {output.name!r} is not floating-point: an integer-only path has no gradient")
     shape, elem = info.shape(output), info.dtype(output)
     losses = _LossGraph(graph)
     if kind == "sum":
-        losses.op("sum", "ReduceSum", output, output=LOSS, keepdims=0)
+        loss = losses.op("sum", "ReduceSum", output, output=LOSS, keepdims=0)
     elif kind == "mse":
-        graph.input.append(helper.make_tensor_value_info(LABEL, elem, list(shape)))
-        diff = losses.op("diff", "Sub", output, LABEL)
-        losses.op("mean", "ReduceMean", losses.op("square", "Mul", diff, diff), output=LOSS, keepdims=0)
+        label = ir.Value(name=LABEL, type=ir.TensorType(elem), shape=ir.Shape(shape))
+        graph.inputs.append(label)
+        diff = losses.op("diff", "Sub", output, label)
+        loss = losses.op("mean", "ReduceMean", losses.op("square", "Mul", diff, diff), output=LOSS, keepdims=0)
     else:
-        _cross_entropy(losses, output, shape, elem)
-    graph.output.append(helper.make_tensor_value_info(LOSS, elem, []))
+        loss = _cross_entropy(losses, output, shape, elem)
+    loss.dtype, loss.shape = elem, ir.Shape([])
+    graph.outputs.append(loss)
 
 
-def _cross_entropy(losses: _LossGraph, output: str, shape: tuple[int, ...], elem: int) -> None:
+def _cross_entropy(losses: _LossGraph, output: ir.Value, shape: tuple[int, ...], elem: ir.DataType) -> ir.Value:
     """Mean over the batch of -log_softmax(output)[label], with int64 labels of shape [batch]."""
     if len(shape) != 2:
         raise ModelError(f"cross-entropy needs an output of shape [batch, classes], not {list(shape)}: use mse or sum")
     batch, classes = shape
-    losses.graph.input.append(helper.make_tensor_value_info(LABEL, TensorProto.INT64, [batch]))
+    label = ir.Value(name=LABEL, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch]))
+    losses.graph.inputs.append(label)
     log_p = losses.op("log_softmax", "LogSoftmax", output, axis=1)
-    column = losses.op("label_column", "Unsqueeze", LABEL, losses.const("axes", np.array([1], np.int64)))
+    column = losses.op("label_column", "Unsqueeze", label, losses.const("axes", np.array([1], np.int64)))
     match = losses.op("match", "Equal", column, losses.const("classes", np.arange(classes, dtype=np.int64)))
     one_hot = losses.op("one_hot", "Cast", match, to=elem)
     total = losses.op("total", "ReduceSum", losses.op("picked", "Mul", log_p, one_hot), keepdims=0)
-    scale = np.array(-1 / batch, dtype=helper.tensor_dtype_to_np_dtype(elem))
-    losses.op("mean", "Mul", total, losses.const("scale", scale), output=LOSS)
+    scale = np.array(-1 / batch, dtype=elem.numpy())
+    return losses.op("mean", "Mul", total, losses.const("scale", scale), output=LOSS)

@@ -6,10 +6,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.passes.manager import named
 
 OPTIMIZERS = ("sgd",)
 UPDATED_SUFFIX = ".updated"
@@ -28,29 +28,41 @@ def check_optimizer(optimizer: str | None, lr: float) -> None:
         raise UsageError(f"the learning rate must be a positive finite number, not {lr!r}")
 
 
-def add_sgd(graph: onnx.GraphProto, params: Sequence[str], grads: Sequence[str], lr: float) -> dict[str, list[str]]:
+def add_sgd(graph: ir.Graph, params: Sequence[ir.Value], grads: Sequence[ir.Value], lr: float
+            ) -> dict[str, list[str]]:
     """Append `<param>.updated = param - lr * grad` (nodes `sgd/<param>...`) and its outputs; param -> node names."""
-    _check_free(graph, params)
-    inits = {i.name: i for i in graph.initializer}
-    nodes: dict[str, list[str]] = {}
-    for param, grad in zip(params, grads, strict=True):
-        init = inits[param]
-        rate = numpy_helper.from_array(np.asarray(lr, dtype=helper.tensor_dtype_to_np_dtype(init.data_type)))
-        prefix = f"sgd/{param}"
-        graph.node.extend([
-            helper.make_node("Constant", [], [f"{prefix}/lr"], name=f"{prefix}/lr", value=rate),
-            helper.make_node("Mul", [f"{prefix}/lr", grad], [f"{prefix}/step"], name=f"{prefix}/step"),
-            helper.make_node("Sub", [param, f"{prefix}/step"], [updated_name(param)], name=prefix),
-        ])
-        graph.output.append(helper.make_tensor_value_info(updated_name(param), init.data_type, list(init.dims)))
-        nodes[param] = [f"{prefix}/lr", f"{prefix}/step", prefix]
-    return nodes
+    names = [named(p) for p in params]
+    _check_free(graph, names)
+    steps: dict[str, list[str]] = {}
+    for param, name, grad in zip(params, names, grads, strict=True):
+        prefix = f"sgd/{name}"
+        dtype = param.dtype
+        if dtype is None:
+            raise ModelError(f"parameter {name!r} has no element type: fix the model's initializers")
+        rate = _node(graph, "Constant", [], f"{prefix}/lr", f"{prefix}/lr",
+                     value=ir.tensor(np.asarray(lr, dtype=dtype.numpy())))
+        step = _node(graph, "Mul", [rate, grad], f"{prefix}/step", f"{prefix}/step")
+        updated = _node(graph, "Sub", [param, step], prefix, updated_name(name))
+        updated.dtype, updated.shape = dtype, param.shape
+        graph.outputs.append(updated)
+        steps[name] = [f"{prefix}/lr", f"{prefix}/step", prefix]
+    return steps
 
 
-def _check_free(graph: onnx.GraphProto, params: Sequence[str]) -> None:
+def _node(graph: ir.Graph, op_type: str, inputs: Sequence[ir.Value], name: str, output: str,
+          **attrs: ir.TensorProtocol) -> ir.Value:
+    """Append a one-output node named `name`; its output, named `output`."""
+    node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=1, name=name)
+    node.outputs[0].name = output
+    graph.append(node)
+    return node.outputs[0]
+
+
+def _check_free(graph: ir.Graph, params: Sequence[str]) -> None:
     """ModelError if a name the step needs is already used in the graph."""
-    taken = {n.name for n in graph.node} | {t for n in graph.node for t in [*n.input, *n.output]}
-    taken |= {v.name for v in [*graph.input, *graph.output]} | {i.name for i in graph.initializer}
+    values = [*graph.inputs, *graph.outputs, *(v for n in graph for v in [*n.inputs, *n.outputs])]
+    taken = {n.name for n in graph if n.name} | {v.name for v in values if v is not None and v.name}
+    taken |= set(graph.initializers)
     wanted = [name for p in params for name in (f"sgd/{p}", f"sgd/{p}/lr", f"sgd/{p}/step", updated_name(p))]
     clashes = sorted(taken.intersection(wanted))
     if clashes:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper, version_converter
+import onnx_ir as ir
+from onnx import helper, version_converter
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
-from onnx_remat.passes.shapes import resolve_shapes
+from onnx_remat.passes.manager import named, run_passes, to_proto
+from onnx_remat.passes.shapes import ResolveShapes
 
 MIN_OPSET = 14
 """The oldest default-domain opset the training graph is written in (BatchNormalization's training_mode attribute
@@ -21,14 +22,14 @@ TRAINING_OPS = frozenset({
 })
 
 
-def prepared_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def prepared_copy(model: ir.Model) -> ir.Model:
     """A copy at the model's opset (at least 14) with every node uniquely named; ModelError if it already is a
     training model."""
     model = _at_least_min_opset(model)
-    _reject_training(model)
-    taken = {n.name for n in model.graph.node if n.name}
+    reject_training(model)
+    taken = {n.name for n in model.graph if n.name}
     seen: set[str] = set()
-    for k, node in enumerate(model.graph.node):
+    for k, node in enumerate(model.graph):
         if not node.name or node.name in seen:
             name = f"{node.op_type}_{k}"
             while name in taken:
@@ -39,28 +40,33 @@ def prepared_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _at_least_min_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Copy the model, converting it up to MIN_OPSET if it is older; never down."""
-    version = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=MIN_OPSET)
+def _opset(model: ir.Model) -> int:
+    """The model's default-domain opset (MIN_OPSET if it states none)."""
+    return max((v for d, v in model.opset_imports.items() if d in ("", "ai.onnx")), default=MIN_OPSET)
+
+
+def _at_least_min_opset(model: ir.Model) -> ir.Model:
+    """Copy the model, converting it up to MIN_OPSET if it is older (onnx's version converter, on a proto); never
+    down."""
+    version = _opset(model)
     if version >= MIN_OPSET:
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return copy
+        return model.clone()
     try:
-        return version_converter.convert_version(model, MIN_OPSET)
+        return ir.serde.deserialize_model(version_converter.convert_version(to_proto(model), MIN_OPSET))
     except Exception as exc:  # the converter raises several types
         raise ModelError(f"cannot convert the model from opset {version} up to {MIN_OPSET}: {exc}") from None
 
 
-def ir_version_for(model: onnx.ModelProto) -> int:
+def ir_version_for(model: ir.Model) -> int:
     """The model's IR version, raised to the least its opsets need."""
-    return max(model.ir_version, helper.find_min_ir_version_for(model.opset_import, ignore_unknown=True))
+    opsets = [helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
+    return max(model.ir_version, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
 
 
-def _reject_training(model: onnx.ModelProto) -> None:
+def reject_training(model: ir.Model) -> None:
     """Refuse models with gradient outputs or training operators."""
-    grads = [o.name for o in model.graph.output if o.name.startswith("grad.")]
-    ops = sorted({f"{n.op_type} ({n.name or 'unnamed'})" for n in model.graph.node
+    grads = [named(o) for o in model.graph.outputs if named(o).startswith("grad.")]
+    ops = sorted({f"{n.op_type} ({n.name or 'unnamed'})" for n in model.graph
                   if n.domain in TRAINING_DOMAINS or n.op_type in TRAINING_OPS
                   or (n.domain == "com.microsoft" and "Grad" in n.op_type)})
     if grads or ops:
@@ -68,63 +74,60 @@ def _reject_training(model: onnx.ModelProto) -> None:
         raise ModelError(f"the model already contains training parts ({found}): give the forward-only model")
 
 
-def make_trainable(model: onnx.ModelProto) -> list[str]:
+def make_trainable(model: ir.Model) -> list[ir.Value]:
     """Put BatchNorm and Dropout in training mode and give MaxPool its Indices; return running-stat outputs."""
-    stats: list[str] = []
-    nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
+    stats: list[ir.Value] = []
+    graph = model.graph
+    for node in list(graph):
         if node.domain in ("", "ai.onnx") and node.op_type == "BatchNormalization":
-            nodes += _fresh_running_stats(node)
+            _fresh_running_stats(graph, node)
             stats += _train_batch_norm(node)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Dropout":
-            _train_dropout(model.graph, node)
+            _train_dropout(graph, node)
         elif node.domain in ("", "ai.onnx") and node.op_type == "MaxPool":
             _fill_outputs(node, [".indices"])
-        nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
     return stats
 
 
-def _fresh_running_stats(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """Feed the BatchNorm copies of its running mean and variance (single-input Sum nodes), returned to be put
-    before it. onnxruntime 1.32 (graph optimizations off, as onnx_remat runs it) updates the statistics in place
-    into the initializers when their outputs are not graph outputs themselves, so a second run of one session
-    starts from the first run's statistics; a copy takes the write instead."""
-    copies = []
+def _fresh_running_stats(graph: ir.Graph, node: ir.Node) -> None:
+    """Feed the BatchNorm copies of its running mean and variance (single-input Sum nodes put before it).
+    onnxruntime 1.32 (graph optimizations off, as onnx_remat runs it) updates the statistics in place into the
+    initializers when their outputs are not graph outputs themselves, so a second run of one session starts from
+    the first run's statistics; a copy takes the write instead."""
     for index, suffix in ((3, ".running_mean_in"), (4, ".running_var_in")):
-        fresh = f"{node.name}{suffix}"
-        copies.append(helper.make_node("Sum", [node.input[index]], [fresh], name=fresh))
-        node.input[index] = fresh
-    return copies
+        fresh = f"{named(node)}{suffix}"
+        copy = ir.Node("", "Sum", [node.inputs[index]], num_outputs=1, name=fresh)
+        copy.outputs[0].name = fresh
+        graph.insert_before(node, copy)
+        node.replace_input_with(index, copy.outputs[0])
 
 
-def _fill_outputs(node: onnx.NodeProto, suffixes: list[str]) -> list[str]:
-    """Name the node's optional outputs 1.. (`<node><suffix>`) where absent; return their names."""
-    outputs = list(node.output) + [""] * len(suffixes)
-    for k, suffix in enumerate(suffixes, start=1):
-        outputs[k] = outputs[k] or f"{node.name}{suffix}"
-    node.output[:] = outputs[: len(suffixes) + 1]
-    return outputs[1 : len(suffixes) + 1]
+def _fill_outputs(node: ir.Node, suffixes: list[str]) -> list[ir.Value]:
+    """Give the node exactly outputs 0..len(suffixes), naming the optional ones `<node><suffix>` where unnamed;
+    return them."""
+    node.resize_outputs(len(suffixes) + 1)
+    for output, suffix in zip(node.outputs[1:], suffixes, strict=True):
+        output.name = output.name or f"{named(node)}{suffix}"
+    return list(node.outputs[1:])
 
 
-def _train_batch_norm(node: onnx.NodeProto) -> list[str]:
+def _train_batch_norm(node: ir.Node) -> list[ir.Value]:
     """Set training_mode=1 and expose the updated running mean and variance."""
-    kept = [a for a in node.attribute if a.name != "training_mode"]
-    del node.attribute[:]
-    node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+    node.attributes.pop("training_mode", None)
+    node.attributes["training_mode"] = ir.AttrInt64("training_mode", 1)
     return _fill_outputs(node, [".running_mean_out", ".running_var_out"])
 
 
-def _train_dropout(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
+def _train_dropout(graph: ir.Graph, node: ir.Node) -> None:
     """Feed training_mode=true and expose the mask the gradient needs."""
-    flag = f"{node.name}.training_mode"
-    graph.initializer.append(numpy_helper.from_array(np.array(True), flag))
-    inputs = list(node.input) + ["", ""]
-    node.input[:] = [inputs[0], inputs[1], flag]
+    flag = ir.Value(name=f"{named(node)}.training_mode", const_value=ir.tensor(np.array(True)),
+                    type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    graph.register_initializer(flag)
+    node.resize_inputs(3)
+    node.replace_input_with(2, flag)
     _fill_outputs(node, [".mask"])
 
 
-def infer(model: onnx.ModelProto) -> GraphInfo:
-    """Resolve every tensor's shape (passes/shapes.py) and wrap the result."""
-    return GraphInfo(resolve_shapes(model))
+def infer(model: ir.Model) -> GraphInfo:
+    """Every tensor's shape and type, resolved in place (passes/shapes.py)."""
+    return GraphInfo(run_passes(model, [ResolveShapes()]))

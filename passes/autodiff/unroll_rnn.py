@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError
-from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr
+from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr, present
+from onnx_remat.passes.manager import named
 
 RECURRENT_OPS = ("LSTM", "GRU")
 LSTM_GATES = 4  # i, o, f, c
@@ -30,93 +30,96 @@ class _Steps:
     def __init__(self, owner: str, dtype: np.dtype) -> None:
         self.owner = owner
         self.dtype = dtype
-        self.nodes: list[onnx.NodeProto] = []
+        self.nodes: list[ir.Node] = []
 
-    def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
+    def op(self, op_type: str, *inputs: ir.Value | None, **attrs: Any) -> ir.Value:
         return self.ops(op_type, inputs, 1, **attrs)[0]
 
-    def ops(self, op_type: str, inputs: Sequence[str], outputs: int, **attrs: Any) -> list[str]:
+    def ops(self, op_type: str, inputs: Sequence[ir.Value | None], outputs: int, **attrs: Any) -> list[ir.Value]:
         name = f"{self.owner}/unrolled/{len(self.nodes)}"
-        names = [name] if outputs == 1 else [f"{name}:{j}" for j in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, **attrs))
-        return names
+        node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=outputs, name=name)
+        for j, output in enumerate(node.outputs):
+            output.name = name if outputs == 1 else f"{name}:{j}"
+        self.nodes.append(node)
+        return list(node.outputs)
 
-    def ints(self, values: list[int] | int) -> str:
-        return self.op("Constant", value=numpy_helper.from_array(np.asarray(values, dtype=np.int64)))
+    def ints(self, values: list[int] | int) -> ir.Value:
+        return self.op("Constant", value=ir.tensor(np.asarray(values, dtype=np.int64)))
 
-    def scalar(self, value: float) -> str:
-        return self.op("Constant", value=numpy_helper.from_array(np.asarray(value, dtype=self.dtype)))
+    def scalar(self, value: float) -> ir.Value:
+        return self.op("Constant", value=ir.tensor(np.asarray(value, dtype=self.dtype)))
 
-    def alias(self, x: str, name: str) -> None:
-        """An Identity giving `x` the name the replaced node's output had."""
-        self.nodes.append(helper.make_node("Identity", [x], [name], name=f"{self.owner}/unrolled/{len(self.nodes)}"))
+    def alias(self, x: ir.Value, replaced: ir.Value) -> None:
+        """An Identity of `x` that takes the place, the name and the readers of the replaced node's output."""
+        alias = self.op("Identity", x)
+        name, replaced.name = named(replaced), None
+        ir.convenience.replace_all_uses_with(replaced, alias, replace_graph_outputs=True)
+        alias.name, alias.type, alias.shape = name, replaced.type, replaced.shape
 
-    def zeros(self, shape: list[int]) -> str:
-        return self.op("ConstantOfShape", self.ints(shape),
-                       value=numpy_helper.from_array(np.zeros(1, dtype=self.dtype)))
+    def zeros(self, shape: list[int]) -> ir.Value:
+        return self.op("ConstantOfShape", self.ints(shape), value=ir.tensor(np.zeros(1, dtype=self.dtype)))
 
-    def pick(self, x: str, index: int, axis: int = 0) -> str:
+    def pick(self, x: ir.Value | None, index: int, axis: int = 0) -> ir.Value:
         """x[index] along `axis`, that axis dropped."""
         return self.op("Gather", x, self.ints(index), axis=axis)
 
-    def split(self, x: str, parts: int, size: int, axis: int) -> list[str]:
+    def split(self, x: ir.Value, parts: int, size: int, axis: int) -> list[ir.Value]:
         return self.ops("Split", [x, self.ints([size] * parts)], parts, axis=axis)
 
-    def stack(self, xs: list[str], axis: int) -> str:
+    def stack(self, xs: list[ir.Value], axis: int) -> ir.Value:
         """Concatenate along a new axis."""
         return self.op("Concat", *(self.op("Unsqueeze", x, self.ints([axis])) for x in xs), axis=axis)
 
 
-def unroll_recurrences(model: onnx.ModelProto, info: GraphInfo) -> None:
+def unroll_recurrences(model: ir.Model, info: GraphInfo) -> None:
     """Replace every LSTM and GRU node of the model's graph by its unrolled form, in place."""
-    nodes: list[onnx.NodeProto] = []
-    for node in model.graph.node:
+    graph = model.graph
+    for node in list(graph):
         if node.op_type in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
-            nodes += _unroll(node, info)
-        else:
-            nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+            graph.insert_before(node, _unroll(node, info))
+            graph.remove(node, safe=True)
 
 
-def _unroll(node: onnx.NodeProto, info: GraphInfo) -> list[onnx.NodeProto]:
+def _unroll(node: ir.Node, info: GraphInfo) -> list[ir.Node]:
+    """The nodes computing `node`'s outputs step by step; they take over its outputs' names and readers."""
     _refuse_unsupported(node)
-    inputs = list(node.input) + [""] * 8
+    inputs = [*node.inputs, *[None] * 8]
     x, w, r, b, init_h = inputs[0], inputs[1], inputs[2], inputs[3], inputs[5]
-    init_c = inputs[6] if node.op_type == "LSTM" else ""
+    init_c = inputs[6] if node.op_type == "LSTM" else None
     hidden = attr_int(node, "hidden_size")
     layout = attr_int(node, "layout", 0)
     direction = attr_str(node, "direction", "forward")
-    steps = _Steps(node.name, info.np_dtype(x))
+    steps = _Steps(named(node), info.np_dtype(x))
+    sequence = present(x)
     if layout:
-        x = steps.op("Transpose", x, perm=[1, 0, 2])
-    shape = info.shape(node.input[0])
+        sequence = steps.op("Transpose", sequence, perm=[1, 0, 2])
+    shape = info.shape(node.inputs[0])
     seq, batch = (shape[1], shape[0]) if layout else (shape[0], shape[1])
     cell = _lstm_cell if node.op_type == "LSTM" else _gru_cell(attr_int(node, "linear_before_reset", 0))
     reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
     ys, finals_h, finals_c = [], [], []
     for d, backwards in enumerate(reverse):
         h = steps.pick(init_h, d) if init_h else steps.zeros([batch, hidden])
-        c = (steps.pick(init_c, d) if init_c else steps.zeros([batch, hidden])) if node.op_type == "LSTM" else ""
-        weights = _direction_weights(steps, node.op_type, w, r, b, d, hidden)
-        xw = steps.op("MatMul", x, weights.input_t)
+        c = (steps.pick(init_c, d) if init_c else steps.zeros([batch, hidden])) if node.op_type == "LSTM" else None
+        weights = _direction_weights(steps, node.op_type, present(w), present(r), b, d, hidden)
+        xw = steps.op("MatMul", sequence, weights.input_t)
         if weights.bias:
             xw = steps.op("Add", xw, weights.bias)
-        outputs: list[str] = [""] * seq
+        outputs: list[ir.Value] = []
         for t in (reversed(range(seq)) if backwards else range(seq)):
             h, c = cell(steps, steps.pick(xw, t), h, c, weights, hidden)
-            outputs[t] = h
-        ys.append(steps.stack(outputs, 0))
+            outputs.append(h)
+        ys.append(steps.stack(outputs[::-1] if backwards else outputs, 0))
         finals_h.append(h)
         finals_c.append(c)
     results = [steps.stack(ys, 1), steps.stack(finals_h, 0)]
     if node.op_type == "LSTM":
-        results.append(steps.stack(finals_c, 0))
+        results.append(steps.stack([present(c) for c in finals_c], 0))
     if layout:
         results = [steps.op("Transpose", results[0], perm=[2, 0, 1, 3]),
                    *(steps.op("Transpose", s, perm=[1, 0, 2]) for s in results[1:])]
-    for produced, wanted in zip(results, node.output, strict=False):
-        if wanted:
+    for produced, wanted in zip(results, node.outputs, strict=False):
+        if wanted.name:
             steps.alias(produced, wanted)
     return steps.nodes
 
@@ -124,27 +127,30 @@ def _unroll(node: onnx.NodeProto, info: GraphInfo) -> list[onnx.NodeProto]:
 class _Weights:
     """One direction's transposed input and recurrence weights, summed input bias and recurrence bias."""
 
-    def __init__(self, input_t: str, recurrence_t: str, bias: str, recurrence_bias: str) -> None:
+    def __init__(self, input_t: ir.Value, recurrence_t: ir.Value, bias: ir.Value | None,
+                 recurrence_bias: ir.Value | None) -> None:
         self.input_t = input_t
         self.recurrence_t = recurrence_t
         self.bias = bias
         self.recurrence_bias = recurrence_bias
 
 
-def _direction_weights(steps: _Steps, op_type: str, w: str, r: str, b: str, d: int, hidden: int) -> _Weights:
+def _direction_weights(steps: _Steps, op_type: str, w: ir.Value, r: ir.Value, b: ir.Value | None, d: int,
+                       hidden: int) -> _Weights:
     """W^T and R^T of direction d; the input bias Wb (+ Rb, except GRU's candidate part, kept apart as Rb_h)."""
     input_t = steps.op("Transpose", steps.pick(w, d))
     recurrence_t = steps.op("Transpose", steps.pick(r, d))
     if not b:
-        return _Weights(input_t, recurrence_t, "", "")
+        return _Weights(input_t, recurrence_t, None, None)
     gates = LSTM_GATES if op_type == "LSTM" else GRU_GATES
     wb, rb = steps.split(steps.pick(b, d), 2, gates * hidden, 0)
     if op_type == "LSTM":
-        return _Weights(input_t, recurrence_t, steps.op("Add", wb, rb), "")
+        return _Weights(input_t, recurrence_t, steps.op("Add", wb, rb), None)
     return _Weights(input_t, recurrence_t, wb, rb)
 
 
-def _lstm_cell(steps: _Steps, xw: str, h: str, c: str, weights: _Weights, hidden: int) -> tuple[str, str]:
+def _lstm_cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+               ) -> tuple[ir.Value, ir.Value | None]:
     """One LSTM step (gates i, o, f, c): C = f*C + i*tanh(.), H = o*tanh(C)."""
     gates = steps.op("Add", xw, steps.op("MatMul", h, weights.recurrence_t))
     i, o, f, g = steps.split(gates, LSTM_GATES, hidden, 1)
@@ -153,10 +159,12 @@ def _lstm_cell(steps: _Steps, xw: str, h: str, c: str, weights: _Weights, hidden
     return steps.op("Mul", o, steps.op("Tanh", c)), c
 
 
-def _gru_cell(linear_before_reset: int) -> Callable[[_Steps, str, str, str, _Weights, int], tuple[str, str]]:
+def _gru_cell(linear_before_reset: int) -> Callable[[_Steps, ir.Value, ir.Value, ir.Value | None, _Weights, int],
+                                                   tuple[ir.Value, ir.Value | None]]:
     """One GRU step (gates z, r, h): H = (1-z)*h + z*H, the candidate reset before or after its linear map."""
 
-    def cell(steps: _Steps, xw: str, h: str, c: str, weights: _Weights, hidden: int) -> tuple[str, str]:
+    def cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+             ) -> tuple[ir.Value, ir.Value | None]:
         xz, xr, xh = steps.split(xw, GRU_GATES, hidden, 1)
         rt = weights.recurrence_t
         rz_t, rr_t, rh_t = steps.split(rt, GRU_GATES, hidden, 1)
@@ -177,14 +185,14 @@ def _gru_cell(linear_before_reset: int) -> Callable[[_Steps, str, str, str, _Wei
         n = steps.op("Tanh", candidate)
         kept = steps.op("Mul", z, h)
         fresh = steps.op("Mul", steps.op("Sub", steps.scalar(1.0), z), n)
-        return steps.op("Add", fresh, kept), ""
+        return steps.op("Add", fresh, kept), None
 
     return cell
 
 
-def _refuse_unsupported(node: onnx.NodeProto) -> None:
+def _refuse_unsupported(node: ir.Node) -> None:
     """ModelError for the forms the unrolling does not write."""
-    inputs = list(node.input) + [""] * 8
+    inputs = [*node.inputs, *[None] * 8]
     problems = []
     if inputs[4]:
         problems.append("sequence_lens")

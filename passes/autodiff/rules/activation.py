@@ -5,19 +5,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr_float, attr_str
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_str, present
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 GELU_TANH_CUBIC = 0.044715
 
 
-def gelu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def gelu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Gelu (opset 20), exact: 0.5 (1 + erf(x/sqrt2)) + x exp(-x^2/2) / sqrt(2 pi); or its tanh approximation."""
-    x = node.input[0]
+    x = present(node.inputs[0])
     if attr_str(node, "approximate", "none") == "tanh":
         return {0: e.op("Mul", dys[0], _gelu_tanh_slope(e, x))}
     cdf = e.op("Add", e.scalar(1.0), e.op("Erf", e.scale(x, 1 / math.sqrt(2))))
@@ -26,7 +26,7 @@ def gelu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
     return {0: e.op("Mul", dys[0], slope)}
 
 
-def _gelu_tanh_slope(e: Emitter, x: str) -> str:
+def _gelu_tanh_slope(e: Emitter, x: ir.Value) -> ir.Value:
     """d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) u'."""
     k = math.sqrt(2 / math.pi)
     square = e.op("Mul", x, x)
@@ -38,43 +38,43 @@ def _gelu_tanh_slope(e: Emitter, x: str) -> str:
     return e.op("Add", outer, e.op("Mul", e.scale(x, 0.5), e.op("Mul", sech2, du)))
 
 
-def _inside(e: Emitter, z: str, low: float, high: float) -> str:
+def _inside(e: Emitter, z: ir.Value, low: float, high: float) -> ir.Value:
     """low < z < high, as a boolean tensor."""
     return e.op("And", e.op("Greater", z, e.scalar(low)), e.op("Less", z, e.scalar(high)))
 
 
-def hard_sigmoid(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def hard_sigmoid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """alpha dy where 0 < alpha x + beta < 1, else 0."""
     alpha, beta = attr_float(node, "alpha", 0.2), attr_float(node, "beta", 0.5)
-    z = e.op("Add", e.scale(node.input[0], alpha), e.scalar(beta))
+    z = e.op("Add", e.scale(present(node.inputs[0]), alpha), e.scalar(beta))
     return {0: e.op("Where", _inside(e, z, 0.0, 1.0), e.scale(dys[0], alpha), e.scalar(0.0))}
 
 
-def hard_swish(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def hard_swish(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """x hardsigmoid(x) (alpha 1/6, beta 1/2): slope 0 below -3, x/3 + 1/2 between, 1 above 3."""
-    x = node.input[0]
+    x = present(node.inputs[0])
     ramp = e.op("Add", e.scale(x, 1 / 3), e.scalar(0.5))
     slope = e.op("Where", e.op("Greater", x, e.scalar(3.0)), e.scalar(1.0),
                  e.op("Where", e.op("Less", x, e.scalar(-3.0)), e.scalar(0.0), ramp))
     return {0: e.op("Mul", dys[0], slope)}
 
 
-def softplus(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def softplus(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy sigmoid(x)."""
-    return {0: e.op("Mul", dys[0], e.op("Sigmoid", node.input[0]))}
+    return {0: e.op("Mul", dys[0], e.op("Sigmoid", node.inputs[0]))}
 
 
-def mish(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def mish(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """x tanh(softplus(x)): slope tanh(s) + x sigmoid(x) (1 - tanh(s)^2)."""
-    x = node.input[0]
+    x = present(node.inputs[0])
     t = e.op("Tanh", e.op("Softplus", x))
     sech2 = e.op("Sub", e.scalar(1.0), e.op("Mul", t, t))
     slope = e.op("Add", t, e.op("Mul", e.op("Mul", x, e.op("Sigmoid", x)), sech2))
     return {0: e.op("Mul", dys[0], slope)}
 
 
-def elu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def elu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy where x > 0, dy (y + alpha) elsewhere."""
-    x, y, alpha = node.input[0], node.output[0], attr_float(node, "alpha", 1.0)
+    x, y, alpha = present(node.inputs[0]), node.outputs[0], attr_float(node, "alpha", 1.0)
     negative = e.op("Mul", dys[0], e.op("Add", y, e.scalar(alpha)))
     return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.emitter import Emitter
 
-# dys[j]: gradient of output j ("" when no gradient reaches it, as ONNX names an absent tensor); needs[i]: input i
-# wants a gradient.
-GradFn = Callable[[Emitter, onnx.NodeProto, Sequence[str], Sequence[bool]], dict[int, str]]
+# dys[j]: gradient of output j (for a rule using only the first output, that one; the builder gives zeros for an
+# output no gradient reaches); needs[i]: input i wants a gradient.
+GradFn = Callable[[Emitter, ir.Node, Sequence[ir.Value], Sequence[bool]], dict[int, ir.Value]]
 
 
 @dataclass(frozen=True)

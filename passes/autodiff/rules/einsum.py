@@ -11,27 +11,27 @@ from __future__ import annotations
 import string
 from collections.abc import Sequence
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_str
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 ELLIPSIS = "..."
 
 
-def einsum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def einsum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dX_i = Einsum(out, s_j... -> s_i)(dY, X_j...), broadcast along the letters only X_i has."""
-    shapes = [tuple(e.info.shape(name)) for name in node.input]
+    shapes = [tuple(e.info.shape(value)) for value in node.inputs]
     terms, out = _explicit_terms(attr_str(node, "equation"), [len(s) for s in shapes])
     _refuse_unsupported(node, terms, shapes)
     grads = {}
     for i, term in enumerate(terms):
         if not needs[i]:
             continue
-        others = [(t, name) for j, (t, name) in enumerate(zip(terms, node.input, strict=True)) if j != i]
+        others = [(t, value) for j, (t, value) in enumerate(zip(terms, node.inputs, strict=True)) if j != i]
         available = set(out).union(*(set(t) for t, _ in others))
         kept = "".join(letter for letter in term if letter in available)
         grad = _product(e, dys[0], out, others, kept)
@@ -43,16 +43,16 @@ def einsum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[i
     return grads
 
 
-def _product(e: Emitter, dy: str, out: str, others: list[tuple[str, str]], kept: str) -> str:
+def _product(e: Emitter, dy: ir.Value, out: str, others: list[tuple[str, ir.Value | None]], kept: str) -> ir.Value:
     """Einsum(out, others -> kept) of dY and the other operands; a scalar dY multiplies the others' Einsum instead
     (OpenVINO refuses an Einsum operand with no letters)."""
     if out:
         equation = ",".join([out, *(t for t, _ in others)]) + "->" + kept
-        return e.op("Einsum", dy, *(name for _, name in others), equation=equation)
+        return e.op("Einsum", dy, *(value for _, value in others), equation=equation)
     if not others:
         return dy
     equation = ",".join(t for t, _ in others) + "->" + kept
-    return e.op("Mul", e.op("Einsum", *(name for _, name in others), equation=equation), dy)
+    return e.op("Mul", e.op("Einsum", *(value for _, value in others), equation=equation), dy)
 
 
 def _explicit_terms(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
@@ -73,7 +73,7 @@ def _explicit_terms(equation: str, ranks: Sequence[int]) -> tuple[list[str], str
     return terms, rhs.replace(ELLIPSIS, spelled)
 
 
-def _refuse_unsupported(node: onnx.NodeProto, terms: list[str], shapes: list[tuple[int, ...]]) -> None:
+def _refuse_unsupported(node: ir.Node, terms: list[str], shapes: list[tuple[int, ...]]) -> None:
     """ModelError for a letter repeated within an operand (a diagonal) or sized differently across operands
     (broadcast): their gradients are not an Einsum of the same letters."""
     sizes: dict[str, int] = {}

@@ -5,32 +5,32 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_float
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 
 
-def _to_inputs(e: Emitter, node: onnx.NodeProto, grads: dict[int, str], needs: Needs) -> dict[int, str]:
+def _to_inputs(e: Emitter, node: ir.Node, grads: dict[int, ir.Value], needs: Needs) -> dict[int, ir.Value]:
     """Sum each broadcast input's gradient (shaped like the output) back to the input's shape."""
-    out_shape = e.info.shape(node.output[0])
-    return {i: e.sum_to(g, out_shape, e.info.shape(node.input[i])) for i, g in grads.items() if needs[i]}
+    out_shape = e.info.shape(node.outputs[0])
+    return {i: e.sum_to(g, out_shape, e.info.shape(node.inputs[i])) for i, g in grads.items() if needs[i]}
 
 
-def add(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def add(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a+b) = (dy, dy)."""
     return _to_inputs(e, node, {0: dys[0], 1: dys[0]}, needs)
 
 
-def sum_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def sum_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a+b+...) = dy for every input."""
-    return _to_inputs(e, node, dict.fromkeys(range(len(node.input)), dys[0]), needs)
+    return _to_inputs(e, node, dict.fromkeys(range(len(node.inputs)), dys[0]), needs)
 
 
-def sub(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def sub(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a-b) = (dy, -dy)."""
     grads = {0: dys[0]}
     if needs[1]:
@@ -38,16 +38,16 @@ def sub(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int,
     return _to_inputs(e, node, grads, needs)
 
 
-def mul(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def mul(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a*b) = (dy*b, dy*a)."""
-    a, b = node.input[:2]
+    a, b = node.inputs[:2]
     grads = {i: e.op("Mul", dys[0], other) for i, other in ((0, b), (1, a)) if needs[i]}
     return _to_inputs(e, node, grads, needs)
 
 
-def div(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def div(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a/b) = (dy/b, -dy*y/b)."""
-    b, y = node.input[1], node.output[0]
+    b, y = node.inputs[1], node.outputs[0]
     da = e.op("Div", dys[0], b)
     grads = {0: da}
     if needs[1]:
@@ -55,46 +55,46 @@ def div(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int,
     return _to_inputs(e, node, grads, needs)
 
 
-def neg(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def neg(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(-x) = -dy."""
     return {0: e.op("Neg", dys[0])}
 
 
-def identity(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def identity(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Identity passes the gradient through."""
     return {0: dys[0]}
 
 
-def cast(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def cast(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Cast the gradient back to the input's float type."""
-    return {0: e.op("Cast", dys[0], to=e.info.dtype(node.input[0]))}
+    return {0: e.op("Cast", dys[0], to=e.info.dtype(node.inputs[0]))}
 
 
-def _mask(e: Emitter, condition: str, dy: str, otherwise: str | None = None) -> str:
+def _mask(e: Emitter, condition: ir.Value, dy: ir.Value, otherwise: ir.Value | None = None) -> ir.Value:
     """dy where condition holds, else `otherwise` (zero by default)."""
     return e.op("Where", condition, dy, otherwise or e.scalar(0.0))
 
 
-def relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * sign(y): y = relu(x) is 1 where x > 0 and 0 elsewhere. Reading the output, not the input, lets
     the input go after the forward pass, and Mul holds no temporaries (onnxruntime's Where holds two)."""
-    return {0: e.op("Mul", dys[0], e.op("Sign", node.output[0]))}
+    return {0: e.op("Mul", dys[0], e.op("Sign", node.outputs[0]))}
 
 
-def leaky_relu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def leaky_relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy where x > 0, alpha*dy elsewhere. For 0 < alpha <= 1 y has the sign of x, and clipping sign(y) to
     [alpha, 1] gives the slope, so as for relu the output is read instead of the input and no Where runs."""
     alpha = attr_float(node, "alpha", 0.01)
     if 0 < alpha <= 1:
-        slope = e.op("Clip", e.op("Sign", node.output[0]), e.scalar(alpha), e.scalar(1.0))
+        slope = e.op("Clip", e.op("Sign", node.outputs[0]), e.scalar(alpha), e.scalar(1.0))
         return {0: e.op("Mul", dys[0], slope)}
-    positive = e.op("Greater", node.input[0], e.scalar(0.0))
+    positive = e.op("Greater", node.inputs[0], e.scalar(0.0))
     return {0: _mask(e, positive, dys[0], e.scale(dys[0], alpha))}
 
 
-def clip(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def clip(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy where min <= x <= max (as torch.clamp)."""
-    x, bounds = node.input[0], list(node.input[1:]) + ["", ""]
+    x, bounds = node.inputs[0], [*node.inputs[1:], None, None]
     inside = []
     if bounds[0]:
         inside.append(e.op("GreaterOrEqual", x, bounds[0]))
@@ -106,68 +106,68 @@ def clip(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
     return {0: _mask(e, condition, dys[0])}
 
 
-def sigmoid(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def sigmoid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * y * (1 - y)."""
-    y = node.output[0]
+    y = node.outputs[0]
     return {0: e.op("Mul", e.op("Mul", dys[0], y), e.op("Sub", e.scalar(1.0), y))}
 
 
-def tanh(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def tanh(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * (1 - y^2)."""
-    y = node.output[0]
+    y = node.outputs[0]
     return {0: e.op("Mul", dys[0], e.op("Sub", e.scalar(1.0), e.op("Mul", y, y)))}
 
 
-def erf(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def erf(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * 2/sqrt(pi) * exp(-x^2)."""
-    x = node.input[0]
+    x = node.inputs[0]
     bell = e.op("Exp", e.op("Neg", e.op("Mul", x, x)))
     return {0: e.op("Mul", e.scale(dys[0], 2 / math.sqrt(math.pi)), bell)}
 
 
-def exp(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def exp(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * y."""
-    return {0: e.op("Mul", dys[0], node.output[0])}
+    return {0: e.op("Mul", dys[0], node.outputs[0])}
 
 
-def log(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def log(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy / x."""
-    return {0: e.op("Div", dys[0], node.input[0])}
+    return {0: e.op("Div", dys[0], node.inputs[0])}
 
 
-def sqrt(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def sqrt(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy / (2 y)."""
-    return {0: e.op("Div", e.scale(dys[0], 0.5), node.output[0])}
+    return {0: e.op("Div", e.scale(dys[0], 0.5), node.outputs[0])}
 
 
-def reciprocal(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def reciprocal(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """-dy * y^2."""
-    y = node.output[0]
+    y = node.outputs[0]
     return {0: e.op("Neg", e.op("Mul", dys[0], e.op("Mul", y, y)))}
 
 
-def pow_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def pow_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * p * x^(p-1) for a constant exponent p."""
-    x, p = node.input[0], e.info.static(node.input[1]).astype(e.dtype)
+    x, p = node.inputs[0], e.info.static(node.inputs[1]).astype(e.dtype)
     power = e.op("Pow", x, e.const(p - 1))
     return {0: e.op("Mul", e.op("Mul", dys[0], e.const(p)), power)}
 
 
-def dropout(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def dropout(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * mask / (1 - ratio), with the mask output the builder makes the forward node produce."""
-    ratio = float(e.info.static(node.input[1])) if len(node.input) > 1 and node.input[1] else 0.5
-    kept = e.op("Cast", node.output[1], to=e.info.dtype(node.input[0]))
+    ratio = float(e.info.static(node.inputs[1])) if len(node.inputs) > 1 and node.inputs[1] else 0.5
+    kept = e.op("Cast", node.outputs[1], to=e.info.dtype(node.inputs[0]))
     return {0: e.op("Mul", e.scale(dys[0], 1 / (1 - ratio)), kept)}
 
 
-def expand(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def expand(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Sum the gradient over the broadcast axes."""
-    return {0: e.sum_to(dys[0], e.info.shape(node.output[0]), e.info.shape(node.input[0]))}
+    return {0: e.sum_to(dys[0], e.info.shape(node.outputs[0]), e.info.shape(node.inputs[0]))}
 
 
-def where(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def where(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy to the branch the condition picked, zero to the other."""
-    condition, zero = node.input[0], e.scalar(0.0)
+    condition, zero = node.inputs[0], e.scalar(0.0)
     branches = {1: (dys[0], zero), 2: (zero, dys[0])}
     grads = {i: e.op("Where", condition, *branches[i]) for i in (1, 2) if needs[i]}
     return _to_inputs(e, node, grads, needs)

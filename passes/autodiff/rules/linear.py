@@ -6,41 +6,41 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr_float, attr_int, attr_ints, attr_str, has_attr
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_int, attr_ints, attr_str, has_attr, present
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 
 
-def gemm(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def gemm(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Y = alpha * op(A) op(B) + beta * C, with op a transpose when transA/transB is set."""
-    a, b = node.input[:2]
+    a, b = (present(v) for v in node.inputs[:2])
     alpha, beta = attr_float(node, "alpha", 1.0), attr_float(node, "beta", 1.0)
     ta, tb, dy = attr_int(node, "transA", 0), attr_int(node, "transB", 0), dys[0]
     grads = {}
     if needs[0]:  # d op(A) = alpha dY op(B)^T
         wb, wa = b, alpha
-        if len(set(e.info.shape(b))) == 1 and b in e.info.initializers:  # see _shared_weight_product
+        if len(set(e.info.shape(b))) == 1 and b.is_initializer():  # see _shared_weight_product
             wb, wa = e.scale(b, 2.0), alpha / 2
         grads[0] = (e.op("Gemm", wb, dy, alpha=wa, transA=tb, transB=1) if ta
                     else e.op("Gemm", dy, wb, alpha=wa, transB=1 - tb))
     if needs[1]:  # d op(B) = alpha op(A)^T dY
         grads[1] = (e.op("Gemm", dy, a, alpha=alpha, transA=1, transB=ta) if tb
                     else e.op("Gemm", a, dy, alpha=alpha, transA=1 - ta))
-    if len(node.input) > 2 and needs[2]:
-        dc = e.sum_to(dy, e.info.shape(node.output[0]), e.info.shape(node.input[2]))
+    if len(node.inputs) > 2 and needs[2]:
+        dc = e.sum_to(dy, e.info.shape(node.outputs[0]), e.info.shape(node.inputs[2]))
         grads[2] = e.scale(dc, beta)
     return grads
 
 
-def matmul(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def matmul(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Batched, broadcasting matmul: dA = dY B^T, dB = A^T dY, summed over broadcast batch axes."""
-    a, b = node.input[:2]
-    a_shape, b_shape, y_shape = e.info.shape(a), e.info.shape(b), e.info.shape(node.output[0])
+    a, b = (present(v) for v in node.inputs[:2])
+    a_shape, b_shape, y_shape = e.info.shape(a), e.info.shape(b), e.info.shape(node.outputs[0])
     a2_shape = (1, *a_shape) if len(a_shape) == 1 else a_shape  # a vector is a row
     b2_shape = (*b_shape, 1) if len(b_shape) == 1 else b_shape  # a vector is a column
     y2_shape = (*y_shape, 1) if len(b_shape) == 1 else y_shape
@@ -50,7 +50,7 @@ def matmul(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[i
     dy = dys[0] if y2_shape == y_shape else e.reshape(dys[0], y2_shape)
     grads = {}
     if needs[0]:
-        square = b2_shape[-1] == b2_shape[-2] and b in e.info.initializers
+        square = b2_shape[-1] == b2_shape[-2] and b.is_initializer()
         da = _shared_weight_product(e, square, dy, y2_shape, b2, (*y2_shape[:-1], b2_shape[-2]),
                                     lambda g, w: e.op("MatMul", g, _swap_last(e, w, len(b2_shape))))
         grads[0] = _unpromote(e, e.sum_to(da, (*y2_shape[:-1], b2_shape[-2]), a2_shape), a2_shape, a_shape)
@@ -61,12 +61,12 @@ def matmul(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[i
     return grads
 
 
-def _unpromote(e: Emitter, x: str, shape: tuple[int, ...], original: tuple[int, ...]) -> str:
+def _unpromote(e: Emitter, x: ir.Value, shape: tuple[int, ...], original: tuple[int, ...]) -> ir.Value:
     """Reshape a matrix back to the vector it was promoted from."""
     return x if shape == original else e.reshape(x, original)
 
 
-def _swap_last(e: Emitter, x: str, rank: int) -> str:
+def _swap_last(e: Emitter, x: ir.Value, rank: int) -> ir.Value:
     """Transpose the last two axes."""
     return e.transpose(x, [*range(rank - 2), rank - 1, rank - 2])
 
@@ -87,7 +87,7 @@ class Window:
         return [*self.begin, *self.end]
 
 
-def window(node: onnx.NodeProto, kernel: Sequence[int], in_spatial: Sequence[int]) -> Window:
+def window(node: ir.Node, kernel: Sequence[int], in_spatial: Sequence[int]) -> Window:
     """Read kernel/strides/dilations/pads of a Conv or pooling node, resolving auto_pad against the input size."""
     rank = len(kernel)
     strides = tuple(attr_ints(node, "strides", [1] * rank))
@@ -106,11 +106,11 @@ def window(node: onnx.NodeProto, kernel: Sequence[int], in_spatial: Sequence[int
     return Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end))
 
 
-def conv(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def conv(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Input gradient by ConvTranspose, weight gradient by a Conv with batch and channels swapped."""
-    x, w = node.input[:2]
+    x, w = (present(v) for v in node.inputs[:2])
     x_shape, w_shape, dy = e.info.shape(x), e.info.shape(w), dys[0]
-    dy_shape = e.info.shape(node.output[0])
+    dy_shape = e.info.shape(node.outputs[0])
     win = window(node, w_shape[2:], x_shape[2:])
     group = attr_int(node, "group", 1)
     grads = {}
@@ -124,16 +124,16 @@ def conv(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int
                                           lambda a, b: e.op("ConvTranspose", a, b, **attrs))
     if needs[1]:
         grads[1] = conv_weight_grad(e, x, x_shape, dy, dy_shape, w_shape, win, group)
-    if len(node.input) > 2 and needs[2]:
+    if len(node.inputs) > 2 and needs[2]:
         grads[2] = e.reduce_sum(dy, [0, *range(2, len(dy_shape))], keepdims=False)
     return grads
 
 
-def conv_transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def conv_transpose(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """ConvTranspose is the adjoint of Conv: input gradient by Conv, weight gradient as for Conv."""
-    x, w = node.input[:2]
+    x, w = (present(v) for v in node.inputs[:2])
     x_shape, w_shape, dy = e.info.shape(x), e.info.shape(w), dys[0]
-    dy_shape = e.info.shape(node.output[0])
+    dy_shape = e.info.shape(node.outputs[0])
     if has_attr(node, "output_shape") or attr_str(node, "auto_pad", "NOTSET") != "NOTSET":
         raise ModelError(f"ConvTranspose {node.name!r}: output_shape/auto_pad are not supported, give explicit pads")
     win = window(node, w_shape[2:], x_shape[2:])
@@ -148,13 +148,13 @@ def conv_transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -
         grads[0] = _crop(e, dx, x_shape, full)  # output_padding >= stride leaves extra rows
     if needs[1]:
         grads[1] = conv_weight_grad(e, dy, dy_shape, x, x_shape, w_shape, win, group)
-    if len(node.input) > 2 and needs[2]:
+    if len(node.inputs) > 2 and needs[2]:
         grads[2] = e.reduce_sum(dy, [0, *range(2, len(dy_shape))], keepdims=False)
     return grads
 
 
-def _shared_weight_product(e: Emitter, square: bool, act: str, act_shape: Sequence[int], w: str,
-                           out_shape: Sequence[int], product: Callable[[str, str], str]) -> str:
+def _shared_weight_product(e: Emitter, square: bool, act: ir.Value, act_shape: Sequence[int], w: ir.Value,
+                           out_shape: Sequence[int], product: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
     """`product(act, w)` for a backward op that reads the forward op's weight `w` in another role.
 
     OpenVINO 2026.4 (CPU) computes wrong results when one weight constant with equal channel (or
@@ -169,7 +169,7 @@ def _shared_weight_product(e: Emitter, square: bool, act: str, act_shape: Sequen
     return out if halve_act else e.scale(out, 0.5)
 
 
-def _crop(e: Emitter, x: str, shape: Sequence[int], full_spatial: Sequence[int]) -> str:
+def _crop(e: Emitter, x: ir.Value, shape: Sequence[int], full_spatial: Sequence[int]) -> ir.Value:
     """Slice the spatial axes of x (currently full_spatial long) down to shape[2:]."""
     if list(full_spatial) == list(shape[2:]):
         return x
@@ -177,8 +177,8 @@ def _crop(e: Emitter, x: str, shape: Sequence[int], full_spatial: Sequence[int])
     return e.op("Slice", x, e.ints([0] * len(spatial)), e.ints(shape[2:]), e.ints(spatial))
 
 
-def conv_weight_grad(e: Emitter, x: str, x_shape: Sequence[int], dy: str, dy_shape: Sequence[int],
-                     w_shape: Sequence[int], win: Window, group: int) -> str:
+def conv_weight_grad(e: Emitter, x: ir.Value, x_shape: Sequence[int], dy: ir.Value, dy_shape: Sequence[int],
+                     w_shape: Sequence[int], win: Window, group: int) -> ir.Value:
     """dW[m, c, k] = sum_{n,o} dy[n, m, o] x[n, group(m) c, o*s + k*d - pad]: a Conv of x by dy.
 
     Batch becomes the channel axis: x -> [C/g, g*N, *in], dy -> [M, N, *out]; the Conv swaps

@@ -6,30 +6,30 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr
 from onnx_remat.passes.autodiff.rules.linear import Window, window
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 
 
-def max_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def max_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Scatter-add dy to the argmax positions (the Indices output the builder makes MaxPool produce)."""
     if attr_int(node, "storage_order", 0):
         raise ModelError(f"MaxPool {node.name!r}: storage_order=1 is not supported")
-    shape = e.info.shape(node.input[0])
-    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(node.output[1], [-1]),
+    shape = e.info.shape(node.inputs[0])
+    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(node.outputs[1], [-1]),
                 e.reshape(dys[0], [-1]), axis=0, reduction="add")
     return {0: e.reshape(flat, shape)}
 
 
-def average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def average_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Spread dy / window-size over each window: a depthwise ConvTranspose with a ones kernel."""
-    x_shape, y_shape = e.info.shape(node.input[0]), e.info.shape(node.output[0])
+    x_shape, y_shape = e.info.shape(node.inputs[0]), e.info.shape(node.outputs[0])
     win = window(node, attr_ints(node, "kernel_shape"), x_shape[2:])
     divisor = _divisor(win, x_shape[2:], y_shape[2:], bool(attr_int(node, "count_include_pad", 0)))
     uniform = np.all(divisor == divisor.flat[0])
@@ -61,26 +61,26 @@ def _divisor(win: Window, in_sizes: Sequence[int], out_sizes: Sequence[int], inc
     return divisor
 
 
-def global_average_pool(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def global_average_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy / (spatial size), broadcast over the spatial axes."""
-    shape = e.info.shape(node.input[0])
+    shape = e.info.shape(node.inputs[0])
     return {0: e.op("Expand", e.scale(dys[0], 1 / math.prod(shape[2:])), e.ints(shape))}
 
 
-def _reduced_axes(e: Emitter, node: onnx.NodeProto) -> list[int] | None:
+def _reduced_axes(e: Emitter, node: ir.Node) -> list[int] | None:
     """Axes a ReduceMean/ReduceSum node reduces (None: it is the identity)."""
-    rank = len(e.info.shape(node.input[0]))
+    rank = len(e.info.shape(node.inputs[0]))
     axes = attr_ints(node, "axes") if has_attr(node, "axes") else None
-    if axes is None and len(node.input) > 1 and node.input[1]:
-        axes = e.info.static(node.input[1]).tolist()
+    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+        axes = e.info.static(node.inputs[1]).tolist()
     if not axes:
         return None if attr_int(node, "noop_with_empty_axes", 0) else list(range(rank))
     return sorted(a % rank for a in axes)
 
 
-def _unreduce(e: Emitter, node: onnx.NodeProto, dy: str, mean: bool) -> str:
+def _unreduce(e: Emitter, node: ir.Node, dy: ir.Value, mean: bool) -> ir.Value:
     """Broadcast dy back over the reduced axes (divided by their size for a mean)."""
-    shape = e.info.shape(node.input[0])
+    shape = e.info.shape(node.inputs[0])
     axes = _reduced_axes(e, node)
     if axes is None:
         return dy
@@ -91,19 +91,19 @@ def _unreduce(e: Emitter, node: onnx.NodeProto, dy: str, mean: bool) -> str:
     return e.op("Expand", dy, e.ints(shape))
 
 
-def reduce_mean(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def reduce_mean(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy / count, broadcast over the reduced axes."""
     return {0: _unreduce(e, node, dys[0], mean=True)}
 
 
-def reduce_sum(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def reduce_sum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy broadcast over the reduced axes."""
     return {0: _unreduce(e, node, dys[0], mean=False)}
 
 
-def reduce_max(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def reduce_max(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy shared evenly among the elements equal to the maximum (as torch.amax), zero elsewhere."""
-    x, y = node.input[0], node.output[0]
+    x, y = node.inputs[0], node.outputs[0]
     axes = _reduced_axes(e, node)
     if axes is None:
         return {0: dys[0]}

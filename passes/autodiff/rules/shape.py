@@ -6,52 +6,51 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, attr_str
 
-Grads = Sequence[str]
+Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 
 
-def reshape_back(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def reshape_back(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Reshape, Flatten, Squeeze, Unsqueeze: reshape dy to the input's shape."""
-    return {0: e.reshape(dys[0], e.info.shape(node.input[0]))}
+    return {0: e.reshape(dys[0], e.info.shape(node.inputs[0]))}
 
 
-def trilu(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def trilu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Trilu keeps a triangle and zeroes the rest: dy through the same Trilu (same k and upper)."""
-    return {0: e.op("Trilu", dys[0], *node.input[1:2], upper=attr_int(node, "upper", 1))}
+    return {0: e.op("Trilu", dys[0], *node.inputs[1:2], upper=attr_int(node, "upper", 1))}
 
 
-def transpose(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def transpose(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Transpose dy by the inverse permutation."""
-    rank = len(e.info.shape(node.input[0]))
+    rank = len(e.info.shape(node.inputs[0]))
     perm = attr_ints(node, "perm", list(reversed(range(rank))))
     return {0: e.transpose(dys[0], np.argsort(perm).tolist())}
 
 
-def concat(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def concat(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Split dy into the inputs' extents along the axis."""
-    rank = len(e.info.shape(node.output[0]))
+    rank = len(e.info.shape(node.outputs[0]))
     axis = attr_int(node, "axis") % rank
-    sizes = [e.info.shape(i)[axis] for i in node.input]
+    sizes = [e.info.shape(i)[axis] for i in node.inputs]
     parts = e.ops("Split", [dys[0], e.ints(sizes)], len(sizes), axis=axis)
     return {i: part for i, part in enumerate(parts) if needs[i]}
 
 
-def split(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
-    """Concatenate the outputs' gradients (zeros where none reaches an output)."""
-    rank = len(e.info.shape(node.input[0]))
-    parts = [dy or e.zeros(e.info.shape(out)) for dy, out in zip(dys, node.output, strict=True)]
-    return {0: e.op("Concat", *parts, axis=attr_int(node, "axis", 0) % rank)}
+def split(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Concatenate the outputs' gradients (the builder gives zeros where none reaches an output)."""
+    rank = len(e.info.shape(node.inputs[0]))
+    return {0: e.op("Concat", *dys, axis=attr_int(node, "axis", 0) % rank)}
 
 
-def slice_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def slice_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Zero-pad dy back for unit steps; scatter it to the selected positions otherwise."""
-    shape = e.info.shape(node.input[0])
+    shape = e.info.shape(node.inputs[0])
     ranges = _slice_ranges(e, node, shape)
     if all(r.step == 1 for r in ranges):
         pads = [r.start for r in ranges] + [n - max(r.stop, r.start) for r, n in zip(ranges, shape, strict=True)]
@@ -62,10 +61,10 @@ def slice_(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[i
     return {0: e.reshape(flat, shape)}
 
 
-def _slice_ranges(e: Emitter, node: onnx.NodeProto, shape: Sequence[int]) -> list[range]:
+def _slice_ranges(e: Emitter, node: ir.Node, shape: Sequence[int]) -> list[range]:
     """Per input axis, the indices a Slice node selects (ONNX clamping follows Python's)."""
-    starts, ends = (e.info.static(node.input[i]).tolist() for i in (1, 2))
-    inputs = [*node.input, "", ""]
+    starts, ends = (e.info.static(node.inputs[i]).tolist() for i in (1, 2))
+    inputs = [*node.inputs, None, None]
     axes = e.info.static(inputs[3]).tolist() if inputs[3] else list(range(len(starts)))
     steps = e.info.static(inputs[4]).tolist() if inputs[4] else [1] * len(starts)
     ranges = [range(n) for n in shape]
@@ -74,14 +73,14 @@ def _slice_ranges(e: Emitter, node: onnx.NodeProto, shape: Sequence[int]) -> lis
     return ranges
 
 
-def pad(e: Emitter, node: onnx.NodeProto, dys: Grads, needs: Needs) -> dict[int, str]:
+def pad(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Constant-mode Pad: slice away the padding (and zero-pad back what negative pads cropped)."""
     mode = attr_str(node, "mode", "constant")
     if mode != "constant":
         raise ModelError(f"Pad {node.name!r}: only mode=constant has a gradient here, not {mode!r}")
-    shape = e.info.shape(node.input[0])
+    shape = e.info.shape(node.inputs[0])
     rank = len(shape)
-    pads = e.info.static(node.input[1]).tolist()
+    pads = e.info.static(node.inputs[1]).tolist()
     begin, end = pads[:rank], pads[rank:]
     kept = [n - max(-b, 0) - max(-f, 0) for n, b, f in zip(shape, begin, end, strict=True)]
     starts = [max(b, 0) for b in begin]

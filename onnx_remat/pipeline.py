@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 
 from onnx_remat.budget import below_minimum, format_bytes
 from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
@@ -305,12 +306,17 @@ def rewritten(solved: SolvedProblem) -> RematResult:
     """The last stage: the model rewritten to the solved schedule, its budgets tagged, with its report."""
     costed = solved.costed
     problem, schedule = solved.problem, solved.result.schedule
-    model = rewrite(costed.prepared.inferred, costed.opmap, schedule, problem.devices,
+    model = rewrite(_ir_model(costed.prepared), costed.opmap, schedule, problem.devices,
                     dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(solved.report(), recomputed_nodes=count_role(model, "recompute"))
     forward_count = costed.opmap.roles.count("forward") if costed.opmap.roles else None
     return RematResult(model, schedule, problem, report, forward_count, solved.minimum_bytes, costed.profiled,
                        costed.prepared.external_data)
+
+
+def _ir_model(prepared: PreparedModel) -> ir.Model:
+    """The prepared model (concrete shapes) on onnx-ir, as the rewrite takes it."""
+    return ir.serde.deserialize_model(prepared.inferred)
 
 
 def _time_left(time_limit: float | None, started: float) -> float | None:
@@ -346,8 +352,8 @@ def faster_by_running(
             candidates[f"{problem.devices[device]} alone"] = schedule
     if len(candidates) < 2:
         return result, None
-    plans = [build_plan(rewrite(prepared.inferred, opmap, schedule, problem.devices), devices)
-             for schedule in candidates.values()]
+    model = _ir_model(prepared)
+    plans = [build_plan(rewrite(model, opmap, schedule, problem.devices), devices) for schedule in candidates.values()]
     seconds = dict(zip(candidates, race(plans, random_feeds(prepared.model, seed=0), RACE_ROUNDS), strict=True))
     kept = min(seconds, key=lambda label: seconds[label])
     choice = MeasuredChoice(seconds, kept)

@@ -257,7 +257,7 @@ def costed_problem(
     infos = tensor_infos(prepared.inferred)
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    graph = build_problem(_ir_model(prepared), infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     profiled = None
     if cost_model != "analytic":
         method = "isolated" if cost_model == "profiled" else "in-graph"
@@ -315,7 +315,7 @@ def rewritten(solved: SolvedProblem) -> RematResult:
 
 
 def _ir_model(prepared: PreparedModel) -> ir.Model:
-    """The prepared model (concrete shapes) on onnx-ir, as the rewrite takes it."""
+    """The prepared model (concrete shapes) on onnx-ir, as build_problem and the rewrite take it."""
     return ir.serde.deserialize_model(prepared.inferred)
 
 

@@ -55,7 +55,6 @@ from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
 from onnx_remat.errors import ModelError, RematWarning, one_line
-from onnx_remat.passes.build_problem import _constant_tensors
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.runtimes import Runtime, runtime_for
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
@@ -542,6 +541,15 @@ class _Cutter:
         del model.graph.output[:]
         model.graph.output.extend(self._value_info(name) for name in needed)
         return dict(zip(needed, ort_session(model).run(needed, random_feeds(model)), strict=True))
+
+
+def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Initializers and the outputs of nodes computed from initializers alone (never from graph inputs)."""
+    known = {init.name for init in graph.initializer}
+    for node in graph.node:
+        if all(not name or name in known for name in node.input):
+            known.update(o for o in node.output if o)
+    return known
 
 
 def _reads(nodes: list[onnx.NodeProto]) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -134,7 +135,8 @@ def test_apply_puts_measured_costs_into_a_problem(model, devices, tmp_path):
     infos = tensor_infos(model)
     groups = [g for g in (GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:])]
     analytic = {name: (lambda node, infos: 1.0) for name in ("ov-cpu", "ort-cpu")}
-    graph = build_problem(model, infos, analytic, lambda node, infos: 0, groups)
+    ir_model = ir.serde.deserialize_model(model)
+    graph = build_problem(ir_model, infos, analytic, lambda node, infos: 0, groups)
     assert ("relu", "add", "flatten_reshape") in graph.opmap.node_names
     costs = profile_costs(model, graph.opmap.node_names, devices, repeats=5, cache_dir=tmp_path)
     problem = costs.apply(graph.problem)
@@ -142,7 +144,7 @@ def test_apply_puts_measured_costs_into_a_problem(model, devices, tmp_path):
     assert problem.copy_seconds_per_byte[0][1] == costs.copy_seconds_per_byte[1][0]
     assert problem.copy_fixed_seconds[0][1] == costs.copy_fixed_seconds[1][0] > 0
     with pytest.raises(ValueError, match="no profiled costs for device 'gpu'"):
-        costs.apply(build_problem(model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)
+        costs.apply(build_problem(ir_model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import onnx_ir as ir
+
 from onnx_remat import models
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
@@ -76,7 +78,8 @@ def training_problem(model: str, kwargs: dict) -> Problem:
     infos = tensor_infos(prepared.inferred)
     roofline = Roofline()
     costs = {"fast": lambda node, i: node_seconds(node, i, roofline)}
-    graph = build_problem(prepared.inferred, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    model = ir.serde.deserialize_model(prepared.inferred)
+    graph = build_problem(model, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     return graph.problem
 
 

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -31,7 +32,8 @@ def operators(model: Path, mode: str) -> tuple[onnx.ModelProto, list[tuple[str, 
     """The shape-inferred model and its operators as the solver would see them."""
     prepared = prepare(model, mode)
     free = {"cost": lambda node, infos: 0.0}
-    graph = build_problem(prepared.inferred, tensor_infos(prepared.inferred), free, lambda n, i: 0, prepared.groups)
+    graph = build_problem(ir.serde.deserialize_model(prepared.inferred), tensor_infos(prepared.inferred), free,
+                          lambda n, i: 0, prepared.groups)
     return prepared.inferred, [tuple(group) for group in graph.opmap.node_names]
 
 

@@ -257,11 +257,12 @@ def costed_problem(
     infos = tensor_infos(prepared.inferred)
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
-    graph = build_problem(_ir_model(prepared), infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    model = _ir_model(prepared)
+    graph = build_problem(model, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     profiled = None
     if cost_model != "analytic":
         method = "isolated" if cost_model == "profiled" else "in-graph"
-        profiled = profile_costs(prepared.inferred, graph.opmap.node_names, devices, cache_dir=cache_dir,
+        profiled = profile_costs(model, infos, graph.opmap.node_names, devices, cache_dir=cache_dir,
                                  progress=progress, method=method)
         graph = replace(graph, problem=profiled.apply(graph.problem))
     return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
@@ -315,7 +316,7 @@ def rewritten(solved: SolvedProblem) -> RematResult:
 
 
 def _ir_model(prepared: PreparedModel) -> ir.Model:
-    """The prepared model (concrete shapes) on onnx-ir, as build_problem and the rewrite take it."""
+    """The prepared model (concrete shapes) on onnx-ir, as build_problem, profile_costs and the rewrite take it."""
     return ir.serde.deserialize_model(prepared.inferred)
 
 

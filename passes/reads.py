@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 import onnx_ir as ir
 from onnx import AttributeProto, GraphProto, NodeProto
 
+_GRAPH_TYPES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
+
 
 def reads(node: NodeProto) -> list[str]:
     """The tensors `node` reads: its inputs, then its subgraphs' outer reads (blank optional inputs left out)."""
@@ -90,14 +92,9 @@ def inner_graphs(node: ir.Node) -> list[ir.Graph]:
     """Every graph inside `node`'s attributes, nested ones included."""
     graphs: list[ir.Graph] = []
     for attribute in node.attributes.values():
-        if attribute.is_ref():
+        if attribute.type not in _GRAPH_TYPES or attribute.is_ref():
             continue
-        if attribute.type == ir.AttributeType.GRAPH:
-            tops = [attribute.as_graph()]
-        elif attribute.type == ir.AttributeType.GRAPHS:
-            tops = list(attribute.as_graphs())
-        else:
-            continue
+        tops = [attribute.as_graph()] if attribute.type == ir.AttributeType.GRAPH else list(attribute.as_graphs())
         for graph in tops:
             graphs.extend([graph, *graph.subgraphs()])
     return graphs

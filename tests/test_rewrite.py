@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
+from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.schedule import Compute, Free, Schedule
 
@@ -119,6 +120,16 @@ def test_consumers_read_the_latest_instance():
     assert inputs["enc1__remat1"] == ["e0__remat1", "ew1"]
     assert inputs["add2"] == ["t2", "e1__remat1"]
     assert inputs["add3"] == ["t3", "e0__remat2"]
+
+
+def test_the_rewrite_leaves_its_input_as_it_was():
+    """A functional pass: the same onnx-ir model rewritten twice gives the same graph, and still reads as the original
+    (faster_by_running and a sweep rewrite one prepared model several times)."""
+    original = skip_net()
+    model = ir.serde.deserialize_model(original)
+    first = rewrite(model, one_node_ops(original), skip_remat_schedule())
+    assert rewrite(model, one_node_ops(original), skip_remat_schedule()) == first
+    assert to_proto(model).graph == original.graph
 
 
 def mid_output_model() -> onnx.ModelProto:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnx_remat.passes.reads import is_read
+
 
 def slice_partly_read_splits(graph: ir.Graph) -> None:
     """Replace each Split of `graph` that has an unread output (but not none read) by one Slice per read output,
@@ -34,11 +36,6 @@ def slice_partly_read_splits(graph: ir.Graph) -> None:
         for index in range(len(node.inputs)):
             node.replace_input_with(index, None)
         graph.remove(node)
-
-
-def is_read(value: ir.Value) -> bool:
-    """Whether some node reads `value` or the graph returns it."""
-    return bool(value.uses()) or value.is_graph_output()
 
 
 def _split_sizes(node: ir.Node) -> tuple[int, list[int]] | None:

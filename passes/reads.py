@@ -71,6 +71,11 @@ def _rename_in(graph: GraphProto, renames: dict[str, str]) -> None:
         value.name = renames.get(value.name, value.name)
 
 
+def is_read(value: ir.Value) -> bool:
+    """Whether some node (in a subgraph too) reads an onnx-ir `value` or the graph returns it."""
+    return bool(value.uses()) or value.is_graph_output()
+
+
 def value_reads(node: ir.Node) -> list[ir.Value]:
     """The values an onnx-ir `node` reads: its inputs, then its subgraphs' outer reads, each once (blank inputs left
     out)."""

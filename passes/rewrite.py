@@ -31,8 +31,8 @@ from onnx import DeviceConfigurationProto, ModelProto, defs, helper
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.manager import named, to_proto
-from onnx_remat.passes.partial_split import is_read, slice_partly_read_splits
-from onnx_remat.passes.reads import inner_graphs, outer_uses, value_reads
+from onnx_remat.passes.partial_split import slice_partly_read_splits
+from onnx_remat.passes.reads import inner_graphs, is_read, outer_uses, value_reads
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.tags import PRELUDE_STEP, NodeTags, node_tags, tag_entries, write_budgets
 

@@ -29,8 +29,8 @@ from onnx_remat.pipeline import TrainingOptions, costed_problem, prepare
 
 
 def node_digest(model: onnx.ModelProto) -> str:
-    """A hash of the graph's nodes in order (everything a node says, less trailing blank outputs, which ONNX reads as
-    left out) and its inputs', outputs' and initializers' names."""
+    """A hash of the graph's nodes in order (everything a node says, its metadata sorted and less trailing blank
+    outputs, which ONNX reads as left out) and its inputs', outputs' and initializers' names."""
     graph = model.graph
     parts = [_trimmed(node).SerializeToString(deterministic=True) for node in graph.node]
     parts += [name.encode() for name in [*(v.name for v in graph.input), *(v.name for v in graph.output),
@@ -39,11 +39,14 @@ def node_digest(model: onnx.ModelProto) -> str:
 
 
 def _trimmed(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A copy of `node` without its trailing blank outputs."""
+    """A copy of `node` without its trailing blank outputs, its metadata sorted by key."""
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     while copy.output and not copy.output[-1]:
         copy.output.pop()
+    metadata = sorted(copy.metadata_props, key=lambda entry: entry.key)
+    del copy.metadata_props[:]
+    copy.metadata_props.extend(metadata)
     return copy
 
 

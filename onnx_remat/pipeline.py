@@ -256,11 +256,11 @@ def costed_problem(
     infos = tensor_infos(prepared.model)
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
-    graph = build_problem(prepared.proto, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     profiled = None
     if cost_model != "analytic":
         method = "isolated" if cost_model == "profiled" else "in-graph"
-        profiled = profile_costs(prepared.proto, graph.opmap.node_names, devices, cache_dir=cache_dir,
+        profiled = profile_costs(prepared.model, infos, graph.opmap.node_names, devices, cache_dir=cache_dir,
                                  progress=progress, method=method)
         graph = replace(graph, problem=profiled.apply(graph.problem))
     return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
@@ -305,7 +305,7 @@ def rewritten(solved: SolvedProblem) -> RematResult:
     """The last stage: the model rewritten to the solved schedule, its budgets tagged, with its report."""
     costed = solved.costed
     problem, schedule = solved.problem, solved.result.schedule
-    model = rewrite(costed.prepared.proto, costed.opmap, schedule, problem.devices,
+    model = rewrite(costed.prepared.model, costed.opmap, schedule, problem.devices,
                     dict(zip(problem.devices, problem.budgets, strict=True)))
     report = replace(solved.report(), recomputed_nodes=count_role(model, "recompute"))
     forward_count = costed.opmap.roles.count("forward") if costed.opmap.roles else None
@@ -346,7 +346,7 @@ def faster_by_running(
             candidates[f"{problem.devices[device]} alone"] = schedule
     if len(candidates) < 2:
         return result, None
-    plans = [build_plan(rewrite(prepared.proto, opmap, schedule, problem.devices), devices)
+    plans = [build_plan(rewrite(prepared.model, opmap, schedule, problem.devices), devices)
              for schedule in candidates.values()]
     seconds = dict(zip(candidates, race(plans, random_feeds(prepared.proto, seed=0), RACE_ROUNDS), strict=True))
     kept = min(seconds, key=lambda label: seconds[label])

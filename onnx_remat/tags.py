@@ -59,11 +59,9 @@ def node_tags(node: NodeProto) -> NodeTags:
                     None if step is None else int(step), found.get("source"), found.get("target"))
 
 
-def write_tags(node: NodeProto, tags: NodeTags) -> None:
-    """Replace the node's metadata with `tags` and `layer_ann` = its device."""
-    del node.metadata_props[:]
-    node.metadata_props.extend(StringStringEntryProto(key=PREFIX + key, value=value) for key, value in tags.items())
-    node.metadata_props.append(StringStringEntryProto(key=LAYER_KEY, value=tags.device or ""))
+def tag_entries(tags: NodeTags) -> dict[str, str]:
+    """The metadata a node with `tags` carries, in order: the prefixed tags, then `layer_ann` = its device."""
+    return {**{PREFIX + key: value for key, value in tags.items()}, LAYER_KEY: tags.device or ""}
 
 
 def write_budgets(model: ModelProto, budgets: Mapping[str, int]) -> None:

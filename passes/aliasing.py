@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import onnx
+import onnx_ir as ir
+
+from onnx_remat.passes.manager import name_of
 
 ALIASING_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
-def shared_buffers(nodes: Iterable[onnx.NodeProto], graph_outputs: set[str]) -> dict[str, str]:
+def shared_buffers(nodes: Iterable[ir.Node], graph_outputs: set[str]) -> dict[str, str]:
     """For each tensor written into another's buffer, the tensor that owns the buffer (chains followed)."""
     owner: dict[str, str] = {}
     for node in nodes:
-        if node.op_type in ALIASING_OPS and node.domain in ("", "ai.onnx") and node.output[0] not in graph_outputs:
-            owner[node.output[0]] = owner.get(node.input[0], node.input[0])
+        if node.op_type not in ALIASING_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        output, source = name_of(node.outputs[0]), name_of(node.inputs[0])
+        if output not in graph_outputs:
+            owner[output] = owner.get(source, source)
     return owner

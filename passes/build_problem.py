@@ -1,8 +1,9 @@
-"""Turn a shape-inferred ONNX graph into the solver's Problem and the OpMap back to its nodes.
+"""Turn a shape-inferred ONNX graph (on onnx-ir) into the solver's Problem and the OpMap back to its nodes.
 
 An operator is a group of nodes: one node in inference, a forward node or the nodes of its
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
-plumbing fed only by initializers) run once up front and their outputs count as resident.
+plumbing fed only by initializers) run once up front and their outputs count as resident. Edges and hand-offs come
+from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included).
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import onnx
+import onnx_ir as ir
 
 from onnx_remat.opmap import OpMap
 from onnx_remat.passes.aliasing import shared_buffers
-from onnx_remat.passes.reads import reads
+from onnx_remat.passes.manager import named
+from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
-NodeCost = Callable[[onnx.NodeProto, dict[str, TensorInfo]], float]
-NodeWorkspace = Callable[[onnx.NodeProto, dict[str, TensorInfo]], int]
+NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
+NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class GraphProblem:
 
 
 def build_problem(
-    model: onnx.ModelProto,
+    model: ir.Model,
     infos: dict[str, TensorInfo],
     device_costs: dict[str, NodeCost],
     workspace: NodeWorkspace,
@@ -44,98 +46,110 @@ def build_problem(
     constant nodes only runs up front. `roles[i]` says whether group i is forward or backward.
     """
     graph = model.graph
-    constants = _constant_tensors(graph)
-    by_name = {node.name: node for node in graph.node}
-    constant = {node.name for node in graph.node if _is_constant_node(node, constants)}
+    nodes = {named(node): node for node in graph}
+    constants = constant_values(graph)
+    constant = {name for name, node in nodes.items() if _is_constant_node(node, constants)}
     if groups is None:
-        groups = [(node.name,) for node in graph.node]
+        groups = [(name,) for name in nodes]
     # A constant node runs up front unless it belongs to a group with real work, where it is recomputed
     # with the group and its output stays transient (e.g. a weight rescaled for one gradient).
     prelude = [name for group in groups if all(n in constant for n in group) for name in group]
-    graph_outputs = {o.name for o in graph.output}
+    graph_outputs = {named(value) for value in graph.outputs}
     kept = _attach_views([(tuple(names), role) for names, role in zip(groups, roles or [""] * len(groups),
                                                                        strict=True)
-                          if not all(n in constant for n in names)], by_name, graph_outputs)
-    ops = [[by_name[name] for name in names] for names, _ in kept]
-    producer = {out: g for g, nodes in enumerate(ops) for node in nodes for out in node.output if out}
-    consumers = _consumers(ops)
-    exported = [
-        [o for node in nodes for o in node.output if o and (o in graph_outputs or consumers.get(o, {g}) - {g})]
-        for g, nodes in enumerate(ops)
-    ]
-    edges = sorted({(producer[i], g) for g, nodes in enumerate(ops) for n in nodes for i in reads(n)
-                    if i in producer and producer[i] != g})
-    inputs = {i.name for i in graph.input}
-    held = {i.name for i in graph.initializer} | inputs | {o for name in prelude for o in by_name[name].output}
+                          if not all(n in constant for n in names)], nodes, graph_outputs)
+    ops = [[nodes[name] for name in names] for names, _ in kept]
+    group_of = {node: g for g, group in enumerate(ops) for node in group}
+    edges, handed = _edges(ops, group_of)
+    exported = [[value.name for node in group for value in node.outputs
+                 if value.name and (value.is_graph_output() or value in handed)] for group in ops]
+    held = {*graph.initializers, *(named(value) for value in graph.inputs),
+            *(value.name for name in prelude for value in nodes[name].outputs if value.name)}
     resident = sum(infos[name].nbytes for name in held if name in infos)
-    output_bytes = [_buffer_bytes(nodes, outs, infos, graph_outputs, held) for nodes, outs in zip(ops, exported,
+    output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
     problem = Problem(
-        op_names=tuple(_group_name(nodes) for nodes in ops),
+        op_names=tuple(_group_name(group) for group in ops),
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
-        cost=tuple(tuple(sum(cost(n, infos) for n in nodes) for nodes in ops) for cost in device_costs.values()),
+        cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
         resident_bytes=(resident,) * len(devices),
         budgets=(0,) * len(devices),
-        graph_outputs=_held_to_end(ops, exported, producer, graph_outputs),
+        graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,
         workspace_bytes=tuple(
-            _group_workspace(nodes, set(outs), size, infos, workspace, graph_outputs)
-            for nodes, outs, size in zip(ops, exported, output_bytes, strict=True)
+            _group_workspace(group, set(outs), size, infos, workspace, graph_outputs)
+            for group, outs, size in zip(ops, exported, output_bytes, strict=True)
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
     )
-    node_names = tuple(tuple(n.name for n in nodes) for nodes in ops)
+    node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
 
 
-def _held_to_end(
-    ops: list[list[onnx.NodeProto]], exported: list[list[str]], producer: dict[str, int], graph_outputs: set[str]
-) -> tuple[int, ...]:
+def _edges(ops: list[list[ir.Node]], group_of: dict[ir.Node, int]) -> tuple[list[tuple[int, int]], set[ir.Value]]:
+    """The operator edges (producer, reader), sorted, and the values some operator reads from another."""
+    edges: set[tuple[int, int]] = set()
+    handed: set[ir.Value] = set()
+    for g, group in enumerate(ops):
+        for node in group:
+            for value in value_reads(node):
+                source = _group(group_of, value)
+                if source is not None and source != g:
+                    edges.add((source, g))
+                    handed.add(value)
+    return sorted(edges), handed
+
+
+def _group(group_of: dict[ir.Node, int], value: ir.Value) -> int | None:
+    """The operator producing `value`, or None (a graph input, a parameter, a constant)."""
+    producer = value.producer()
+    return None if producer is None else group_of.get(producer)
+
+
+def _held_to_end(graph: ir.Graph, exported: list[list[str]], group_of: dict[ir.Node, int]) -> tuple[int, ...]:
     """Operators producing graph outputs, and those whose output nothing reads: onnxruntime holds an
     unread output until the run ends, so the problem must too."""
     unread = {g for g, outs in enumerate(exported) if not outs}
-    return tuple(sorted({producer[o] for o in graph_outputs if o in producer} | unread))
+    producing = {g for value in graph.outputs if (g := _group(group_of, value)) is not None}
+    return tuple(sorted(producing | unread))
 
 
-def _group_name(nodes: list[onnx.NodeProto]) -> str:
-    return nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
+def _group_name(nodes: list[ir.Node]) -> str:
+    return named(nodes[0]) if len(nodes) == 1 else f"{named(nodes[0])}..{named(nodes[-1])}"
 
 
-def _consumers(ops: list[list[onnx.NodeProto]]) -> dict[str, set[int]]:
-    """For every tensor, the operators that read it."""
-    consumers: dict[str, set[int]] = {}
-    for g, nodes in enumerate(ops):
-        for node in nodes:
-            for name in reads(node):
-                consumers.setdefault(name, set()).add(g)
-    return consumers
-
-
-def _attach_views(kept: list[tuple[tuple[str, ...], str]], by_name: dict[str, onnx.NodeProto],
+def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.Node],
                   graph_outputs: set[str]) -> list[tuple[tuple[str, ...], str]]:
     """Each operator that is one view node (a Reshape, Squeeze... whose output shares its input's buffer in
     onnxruntime) joins the operator producing that input, when everything else it reads is ready there: the two
     tensors are one buffer, which lives until the last reader of either, so they are kept and freed as one."""
     merged: list[tuple[list[str], str]] = []
-    producer: dict[str, int] = {}
+    group_of: dict[ir.Node, int] = {}
     for names, role in kept:
-        node = by_name[names[0]]
-        target = producer.get(node.input[0]) if len(names) == 1 and shared_buffers([node], graph_outputs) else None
-        if target is not None and any(producer.get(name, -1) > target for name in reads(node)):
+        node = nodes[names[0]]
+        source = node.inputs[0] if node.inputs else None
+        view = len(names) == 1 and source is not None and shared_buffers([node], graph_outputs)
+        target = _group(group_of, source) if view and source is not None else None
+        if target is not None and any(_later(_group(group_of, value), target) for value in value_reads(node)):
             target = None
         if target is None:
             merged.append((list(names), role))
             target = len(merged) - 1
         else:
             merged[target][0].append(names[0])
-        producer.update((out, target) for name in names for out in by_name[name].output if out)
+        group_of.update((nodes[name], target) for name in names)
     return [(tuple(names), role) for names, role in merged]
 
 
-def _buffer_bytes(nodes: list[onnx.NodeProto], exported: list[str], infos: dict[str, TensorInfo],
+def _later(group: int | None, target: int) -> bool:
+    """Whether `group` is an operator after `target` (None: no operator, ready from the start)."""
+    return group is not None and group > target
+
+
+def _buffer_bytes(nodes: list[ir.Node], exported: list[str], infos: dict[str, TensorInfo],
                   graph_outputs: set[str], resident: set[str]) -> int:
     """Bytes of the buffers behind a group's exported tensors: a view and the tensor it shares count once, and a
     view of a resident tensor (a graph input, a weight) counts nothing."""
@@ -145,7 +159,7 @@ def _buffer_bytes(nodes: list[onnx.NodeProto], exported: list[str], infos: dict[
 
 
 def _group_workspace(
-    nodes: list[onnx.NodeProto],
+    nodes: list[ir.Node],
     exported: set[str],
     exported_bytes: int,
     infos: dict[str, TensorInfo],
@@ -158,16 +172,17 @@ def _group_workspace(
     owner = shared_buffers(nodes, graph_outputs)
     last_use: dict[str, int] = {}
     for k, node in enumerate(nodes):
-        for name in reads(node):
-            last_use[owner.get(name, name)] = k
+        for value in value_reads(node):
+            last_use[owner.get(named(value), named(value))] = k
     output_buffers = {owner.get(name, name) for name in exported}
     live: dict[str, int] = {}
     written = peak = 0
     for k, node in enumerate(nodes):
-        for out in node.output:
-            size = infos[out].nbytes if out in infos else 0
+        for value in node.outputs:
+            out = value.name
             if not out or out in owner:
                 continue
+            size = infos[out].nbytes if out in infos else 0
             if out in output_buffers:
                 written += size
             else:
@@ -178,15 +193,15 @@ def _group_workspace(
     return max(0, peak - exported_bytes)
 
 
-def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
+def constant_values(graph: ir.Graph) -> set[ir.Value]:
     """Initializers and the outputs of nodes computed from initializers alone (never from graph inputs)."""
-    known = {init.name for init in graph.initializer}
-    for node in graph.node:
+    known = set(graph.initializers.values())
+    for node in graph:
         if _is_constant_node(node, known):
-            known.update(o for o in node.output if o)
+            known.update(node.outputs)
     return known
 
 
-def _is_constant_node(node: onnx.NodeProto, constants: set[str]) -> bool:
+def _is_constant_node(node: ir.Node, constants: set[ir.Value]) -> bool:
     """A node whose every input is constant: it runs once up front and its output stays resident."""
-    return all(not name or name in constants for name in node.input)
+    return all(value is None or value in constants for value in node.inputs)

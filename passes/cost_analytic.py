@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import onnx
-from onnx import helper
+import onnx_ir as ir
 
+from onnx_remat.passes.manager import name_of
 from onnx_remat.passes.sizes import TensorInfo
 
 # Elementwise work per output element for ops that do more than one arithmetic step.
@@ -31,43 +31,38 @@ class Roofline:
         return self.overhead_seconds + max(flops / self.flops_per_second, bytes_moved / self.bytes_per_second)
 
 
-def node_flops(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> float:
+def node_flops(node: ir.Node, infos: dict[str, TensorInfo]) -> float:
     """Floating-point operations of one node (multiply-add counted as two)."""
-    out = infos.get(node.output[0]) if node.output else None
+    out = infos.get(name_of(node.outputs[0])) if node.outputs else None
     if out is None:
         return 0.0
     if node.op_type in ("Conv", "ConvTranspose"):
         # Conv weight is [Cout, Cin/g, k...] and each output element reads Cin/g * k inputs;
         # ConvTranspose weight is [Cin, Cout/g, k...] and each input element feeds Cout/g * k outputs.
-        weight = infos[node.input[1]].shape
+        weight = infos[name_of(node.inputs[1])].shape
         fan = math.prod(weight[1:])
-        elements = out.numel if node.op_type == "Conv" else infos[node.input[0]].numel
+        elements = out.numel if node.op_type == "Conv" else infos[name_of(node.inputs[0])].numel
         return 2.0 * elements * fan
     if node.op_type in ("MatMul", "Gemm"):
-        a = infos[node.input[0]].shape
-        transposed = node.op_type == "Gemm" and _int_attribute(node, "transA", 0)
+        a = infos[name_of(node.inputs[0])].shape
+        transposed = node.op_type == "Gemm" and bool(node.attributes.get_int("transA", 0))
         k = a[-2] if transposed else a[-1]
         return 2.0 * out.numel * k
     if node.op_type in ("MaxPool", "AveragePool"):
-        kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape"), [1])
+        kernel = node.attributes.get_ints("kernel_shape", [1])
         return float(out.numel * math.prod(kernel))
     if node.op_type.startswith("Global") or node.op_type.startswith("Reduce"):
-        return float(sum(infos[i].numel for i in node.input[:1] if i in infos))
+        return float(sum(infos[name].numel for name in map(name_of, node.inputs[:1]) if name in infos))
     return float(out.numel * _FLOPS_PER_ELEMENT.get(node.op_type, 1))
 
 
-def node_bytes_moved(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
+def node_bytes_moved(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
     """Bytes read and written by one node: its inputs and outputs once each."""
-    return sum(infos[name].nbytes for name in [*node.input, *node.output] if name and name in infos)
+    names = [name_of(value) for value in (*node.inputs, *node.outputs)]
+    return sum(infos[name].nbytes for name in names if name and name in infos)
 
 
-def node_seconds(node: onnx.NodeProto, infos: dict[str, TensorInfo], device: Roofline) -> float:
+def node_seconds(node: ir.Node, infos: dict[str, TensorInfo], device: Roofline) -> float:
     """Predicted run time of one node on a device described by a roofline."""
     return device.seconds(node_flops(node, infos), node_bytes_moved(node, infos))
 
-
-def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return int(helper.get_attribute_value(attribute))
-    return default

@@ -22,7 +22,10 @@ Plugging the numbers into the solver: build the Problem as usual, with the devic
 `device_costs` (any NodeCost, e.g. the analytic one), profile its operators and replace the costs:
 
     graph = build_problem(model, infos, {d.name: analytic for d in devices}, workspace, groups)
-    problem = profile_costs(model, graph.opmap.node_names, devices).apply(graph.problem)
+    problem = profile_costs(model, infos, graph.opmap.node_names, devices).apply(graph.problem)
+
+The graph is read on onnx-ir (each group's nodes, what they read from outside and whom their outputs serve, by the
+values' producers and uses); the runtimes run protos, serialised once per measurement.
 
 Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
 (not its weights), the groups, the devices, the runtime versions and the machine, so a second run is instant.
@@ -49,16 +52,18 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.devices import Device
 from onnx_remat.errors import ModelError, RematWarning, one_line
-from onnx_remat.passes.build_problem import _constant_tensors
+from onnx_remat.passes.build_problem import constant_values
 from onnx_remat.passes.execute import ort_session, random_feeds
+from onnx_remat.passes.manager import name_of, named, to_proto
 from onnx_remat.passes.runtimes import Runtime, runtime_for
-from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
 Progress = Callable[[int, int, str], None]
@@ -138,7 +143,8 @@ class ProfiledCosts:
 
 
 def profile_costs(
-    model: onnx.ModelProto,
+    model: ir.Model,
+    infos: dict[str, TensorInfo],
     groups: Sequence[Sequence[str]],
     devices: Sequence[Device],
     repeats: int = 50,
@@ -146,31 +152,36 @@ def profile_costs(
     progress: Progress | None = None,
     method: str = "isolated",
 ) -> ProfiledCosts:
-    """Measure every operator (a group of node names of the shape-inferred `model`) on every device: each alone
-    (`method` "isolated"), or inside whole-model runs ("in-graph")."""
+    """Measure every operator (a group of node names of the shape-inferred `model`, whose tensors `infos` gives) on
+    every device: each alone (`method` "isolated"), or inside whole-model runs ("in-graph")."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
     devices = tuple(devices)
-    key = cache_key(model, operators, devices, repeats, method)
-    _refuse_unallocatable(model, operators)
+    key = cache_key(model, infos, operators, devices, repeats, method)
+    members = _members(model, operators)
+    _refuse_unallocatable(members, infos)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(operators))
     if cached is not None:
         return cached
-    costs = _measure(model, operators, devices, repeats, progress or _no_progress, method)
+    costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method)
     _write_cache(path, costs)
     return costs
 
 
-def _refuse_unallocatable(model: onnx.ModelProto, groups: list[tuple[str, ...]]) -> None:
+def _members(model: ir.Model, groups: list[tuple[str, ...]]) -> list[list[ir.Node]]:
+    """The nodes of each group, named."""
+    nodes = {named(node): node for node in model.graph}
+    return [[nodes[name] for name in group] for group in groups]
+
+
+def _refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorInfo]) -> None:
     """ModelError if an operator's tensors (its random inputs drawn in float64, its outputs) would not fit in the
     memory this machine has available: measuring it would fail mid-way."""
-    infos = tensor_infos(model)
-    nodes = {node.name: node for node in model.graph.node}
     needed, name = max(
-        (sum(FEED_BYTES_FACTOR * infos[t].nbytes for n in group for t in nodes[n].input if t in infos)
-         + sum(infos[t].nbytes for n in group for t in nodes[n].output if t in infos), group[0])
+        (sum(FEED_BYTES_FACTOR * infos[t].nbytes for n in group for t in map(name_of, n.inputs) if t in infos)
+         + sum(infos[t].nbytes for n in group for t in map(name_of, n.outputs) if t in infos), named(group[0]))
         for group in groups
     )
     available = available_memory_bytes()
@@ -243,18 +254,18 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(
-    model: onnx.ModelProto, groups: Sequence[tuple[str, ...]], devices: Sequence[Device], repeats: int,
-    method: str = "isolated",
+    model: ir.Model, infos: dict[str, TensorInfo], groups: Sequence[tuple[str, ...]], devices: Sequence[Device],
+    repeats: int, method: str = "isolated",
 ) -> str:
     """A hash of what the measurements depend on: graph structure and shapes, groups, devices, runtimes."""
     payload = {
         "version": CACHE_VERSION,
         "runtimes": [ort.__version__, ov.__version__, platform.machine(), os.cpu_count()],
         "machine": [platform.node(), _processor()],
-        "opsets": [[o.domain, o.version] for o in model.opset_import],
-        "nodes": [[n.name, n.domain, n.op_type, list(n.input), list(n.output), _attribute_digest(n)]
-                  for n in model.graph.node],
-        "tensors": sorted([name, list(info.shape), info.elem_type] for name, info in tensor_infos(model).items()),
+        "opsets": [[domain, version] for domain, version in model.opset_imports.items()],
+        "nodes": [[named(n), n.domain, n.op_type, [name_of(v) for v in n.inputs], [name_of(v) for v in n.outputs],
+                   _attribute_digest(n)] for n in model.graph],
+        "tensors": sorted([name, list(info.shape), info.elem_type] for name, info in infos.items()),
         "groups": groups,
         "devices": [[d.name, d.runtime, d.provider, d.threads] for d in devices],
         "repeats": repeats,
@@ -272,8 +283,9 @@ def _processor() -> str:
     return platform.processor()
 
 
-def _attribute_digest(node: onnx.NodeProto) -> str:
-    return hashlib.sha256(b"".join(a.SerializeToString() for a in node.attribute)).hexdigest()
+def _attribute_digest(node: ir.Node) -> str:
+    attributes = (ir.serde.serialize_attribute(a).SerializeToString() for a in node.attributes.values())
+    return hashlib.sha256(b"".join(attributes)).hexdigest()
 
 
 def _no_progress(done: int, total: int, label: str) -> None:
@@ -281,22 +293,23 @@ def _no_progress(done: int, total: int, label: str) -> None:
 
 
 def _measure(
-    model: onnx.ModelProto, groups: list[tuple[str, ...]], devices: tuple[Device, ...], repeats: int,
-    progress: Progress, method: str,
+    model: ir.Model, infos: dict[str, TensorInfo], groups: list[list[ir.Node]], devices: tuple[Device, ...],
+    repeats: int, progress: Progress, method: str,
 ) -> ProfiledCosts:
     """Run the measurements: call overheads, every operator on every device, every hand-off."""
+    proto = to_proto(model)  # what the runtimes run
     runtimes = [runtime_for(d) for d in devices]
     empty = {runtime.device.name: _empty_call(runtime) for runtime in runtimes}
     overhead = {name: _median_seconds(call, max(repeats, 50)) for name, call in empty.items()}
-    feeds = random_feeds(model, seed=0)
-    run_overhead = {runtime.device.name: overhead[runtime.device.name] + _moves_seconds(runtime, model, feeds, repeats)
-                    for runtime in runtimes}
+    feeds = random_feeds(proto, seed=0)
+    run_overhead = {runtime.device.name: overhead[runtime.device.name]
+                    + _moves_seconds(runtime, proto, infos, feeds, repeats) for runtime in runtimes}
     per_device = len(groups) if method == "isolated" else 1
     steps = _Steps(len(devices) * (per_device + len(devices)), progress)
     if method == "isolated":
-        cost = _operator_costs(model, groups, runtimes, empty, repeats, steps)
+        cost = _operator_costs(_Cutter(model, proto, infos, groups), groups, runtimes, empty, repeats, steps)
     else:
-        cost = {runtime.device.name: _in_graph_costs(model, groups, runtime, empty[runtime.device.name],
+        cost = {runtime.device.name: _in_graph_costs(proto, groups, runtime, empty[runtime.device.name],
                                                      run_overhead[runtime.device.name], repeats, steps)
                 for runtime in runtimes}
     per_byte, fixed = _copy_matrices(runtimes, overhead, repeats, steps)
@@ -329,32 +342,30 @@ class _Steps:
 
 
 def _operator_costs(
-    model: onnx.ModelProto, groups: list[tuple[str, ...]], runtimes: list[Runtime],
+    cutter: _Cutter, groups: list[list[ir.Node]], runtimes: list[Runtime],
     empty: dict[str, Callable[[], object]], repeats: int, steps: _Steps,
 ) -> dict[str, tuple[float, ...]]:
     """Seconds of every group on every device, less an empty call on the device (at least MIN_SECONDS)."""
     cost: dict[str, list[float]] = {runtime.device.name: [] for runtime in runtimes}
-    cutter = _Cutter(model, groups)
     for group in groups:
         submodel, feeds = cutter.cut(group)
         for runtime in runtimes:
             name = runtime.device.name
-            steps.step(f"{group[0]} on {name}")
+            steps.step(f"{named(group[0])} on {name}")
             seconds = _median_seconds(runtime.prepare(submodel, feeds), repeats, empty[name])
             cost[name].append(max(seconds, MIN_SECONDS))
     return {name: tuple(values) for name, values in cost.items()}
 
 
 def _in_graph_costs(
-    model: onnx.ModelProto, groups: list[tuple[str, ...]], runtime: Runtime, empty: Callable[[], object],
+    model: onnx.ModelProto, groups: list[list[ir.Node]], runtime: Runtime, empty: Callable[[], object],
     run_overhead: float, repeats: int, steps: _Steps,
 ) -> tuple[float, ...]:
     """Seconds of every group's nodes inside whole-model runs on the runtime's device: its nodes' per-node overhead
     and its share of the rest of a run, the run's overhead taken out (see the module docstring)."""
     steps.step(f"whole model on {runtime.device.name}")
-    owner = {name: g for g, group in enumerate(groups) for name in group}
-    nodes = {node.name: node for node in model.graph.node}
-    owner.update({out: owner[name] for name in owner for out in nodes[name].output if out})
+    owner = {name: g for g, group in enumerate(groups) for node in group
+             for name in (named(node), *(value.name for value in node.outputs if value.name))}
     feeds = random_feeds(model, seed=0)
     whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
     runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(3, int(IN_GRAPH_SECONDS / whole))))
@@ -447,10 +458,10 @@ def _whole_run(runtime: Runtime, model: onnx.ModelProto, feeds: dict[str, np.nda
         {name: runtime.from_host(array) for name, array in feeds.items()}).values()]
 
 
-def _moves_seconds(runtime: Runtime, model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int) -> float:
+def _moves_seconds(runtime: Runtime, model: onnx.ModelProto, infos: dict[str, TensorInfo],
+                   feeds: dict[str, np.ndarray], repeats: int) -> float:
     """Median seconds of moving the graph inputs onto the device and values shaped as its outputs back to the host
     (without running the model, which may not fit in memory where its operators alone do)."""
-    infos = tensor_infos(model)
     shapes = [infos[output.name] for output in model.graph.output]
     outputs = [runtime.from_host(np.zeros(i.shape, helper.tensor_dtype_to_np_dtype(i.elem_type))) for i in shapes]
     return _median_seconds(lambda: ([runtime.from_host(array) for array in feeds.values()],
@@ -472,82 +483,75 @@ def _copy_fit(source: Runtime, target: Runtime, repeats: int) -> tuple[float, fl
 
 
 class _Cutter:
-    """Cuts node groups out of a model as standalone models, with inputs to run them on."""
+    """Cuts node groups out of a model (on onnx-ir, and as the proto the runtimes run) as standalone models, with
+    inputs to run them on."""
 
-    def __init__(self, model: onnx.ModelProto, groups: list[tuple[str, ...]]):
-        self.model = model
-        self.infos = tensor_infos(model)
-        self.nodes = {node.name: node for node in model.graph.node}
-        self.initializers = {init.name: init for init in model.graph.initializer}
-        self.constants = _constant_tensors(model.graph)
-        self.graph_outputs = {o.name for o in model.graph.output}
-        self.readers: dict[str, set[tuple[str, ...]]] = {}
-        for group in groups:
-            for name in _reads(self._group_nodes(group)):
-                self.readers.setdefault(name, set()).add(group)
-        self.values = self._fixed_values()
+    def __init__(self, model: ir.Model, proto: onnx.ModelProto, infos: dict[str, TensorInfo],
+                 groups: list[list[ir.Node]]):
+        self.proto = proto
+        self.infos = infos
+        self.inputs = set(model.graph.inputs)
+        self.constants = constant_values(model.graph)
+        self.values = self._fixed_values(groups)
 
-    def cut(self, group: tuple[str, ...]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    def cut(self, group: list[ir.Node]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         """The group's nodes as a model, and values for its inputs (real where they matter, else random)."""
-        nodes = self._group_nodes(group)
-        reads = _reads(nodes)
-        inputs = [name for name in reads if name not in self.constants]
-        initializers = [self._constant(name) for name in reads if name in self.constants]
+        reads = _reads(group)
+        inputs = [value for value in reads if value not in self.constants]
         graph = helper.make_graph(
-            nodes, f"operator {group[0]}", [self._value_info(n) for n in inputs],
-            [self._value_info(n) for n in self._outputs(group, nodes)], initializers,
+            [ir.serde.serialize_node(node) for node in group], f"operator {named(group[0])}",
+            [self._value_info(value) for value in inputs], [self._value_info(value) for value in _outputs(group)],
+            [self._constant(value) for value in reads if value in self.constants],
         )
         model = helper.make_model(
-            graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version,
-            functions=self.model.functions,
+            graph, opset_imports=self.proto.opset_import, ir_version=self.proto.ir_version,
+            functions=self.proto.functions,
         )
         feeds = random_feeds(model)
-        feeds.update({name: self.values[name] for name in inputs if name in self.values})
+        feeds.update({value.name: self.values[value.name] for value in inputs if value.name in self.values})
         return model, feeds
 
-    def _group_nodes(self, group: tuple[str, ...]) -> list[onnx.NodeProto]:
-        return [self.nodes[name] for name in group]
-
-    def _outputs(self, group: tuple[str, ...], nodes: list[onnx.NodeProto]) -> list[str]:
-        """What the group produces for others, the graph, or nobody (so no runtime prunes its nodes)."""
-        read_inside = {name for node in nodes for name in node.input}
-        return [
-            out for node in nodes for out in node.output
-            if out and (out in self.graph_outputs or self.readers.get(out, set()) - {group} or out not in read_inside)
-        ]
-
-    def _constant(self, name: str) -> onnx.TensorProto:
+    def _constant(self, value: ir.Value) -> onnx.TensorProto:
         """An initializer, or a tensor computed from constants alone, as an initializer."""
-        if name in self.initializers:
-            return self.initializers[name]
-        return numpy_helper.from_array(self.values[name], name)
+        if value.is_initializer() and value.const_value is not None:
+            return ir.serde.serialize_tensor(value.const_value)
+        return numpy_helper.from_array(self.values[named(value)], named(value))
 
-    def _value_info(self, name: str) -> onnx.ValueInfoProto:
-        info = self.infos[name]
-        return helper.make_tensor_value_info(name, info.elem_type, info.shape)
+    def _value_info(self, value: ir.Value) -> onnx.ValueInfoProto:
+        info = self.infos[named(value)]
+        return helper.make_tensor_value_info(named(value), info.elem_type, info.shape)
 
-    def _fixed_values(self) -> dict[str, np.ndarray]:
+    def _fixed_values(self, groups: list[list[ir.Node]]) -> dict[str, np.ndarray]:
         """Real values of the read tensors random data would break: computed constants and non-float activations
         (shapes, indices), from one run of the whole model on random inputs."""
-        inputs = {value.name for value in self.model.graph.input}
+        read = dict.fromkeys(value for group in groups for value in _reads(group))
         needed = [
-            name for name in self.readers
-            if name not in self.initializers and name not in inputs
-            and (name in self.constants or not _is_float(self.infos[name]))
+            named(value) for value in read
+            if not value.is_initializer() and value not in self.inputs
+            and (value in self.constants or not _is_float(self.infos[named(value)]))
         ]
         if not needed:
             return {}
         model = onnx.ModelProto()
-        model.CopyFrom(self.model)
+        model.CopyFrom(self.proto)
         del model.graph.output[:]
-        model.graph.output.extend(self._value_info(name) for name in needed)
+        model.graph.output.extend(helper.make_tensor_value_info(name, self.infos[name].elem_type,
+                                                                self.infos[name].shape) for name in needed)
         return dict(zip(needed, ort_session(model).run(needed, random_feeds(model)), strict=True))
 
 
-def _reads(nodes: list[onnx.NodeProto]) -> list[str]:
-    """The tensors `nodes` read from outside themselves, in first-use order."""
-    produced = {out for node in nodes for out in node.output}
-    return list(dict.fromkeys(name for node in nodes for name in node.input if name and name not in produced))
+def _reads(nodes: list[ir.Node]) -> list[ir.Value]:
+    """The values `nodes` read from outside themselves, in first-use order."""
+    inside = set(nodes)
+    return list(dict.fromkeys(value for node in nodes for value in node.inputs
+                              if value is not None and value.producer() not in inside))
+
+
+def _outputs(nodes: list[ir.Node]) -> list[ir.Value]:
+    """What a group produces for others, the graph, or nobody (so no runtime prunes its nodes)."""
+    inside = set(nodes)
+    return [value for node in nodes for value in node.outputs if value.name and (
+        value.is_graph_output() or not value.uses() or any(use.node not in inside for use in value.uses()))]
 
 
 def _is_float(info: TensorInfo) -> bool:

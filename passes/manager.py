@@ -94,3 +94,8 @@ def named(item: ir.Node | ir.Value) -> str:
     if not item.name:
         raise ValueError(f"unnamed {item!r}: nodes are named when the model is loaded (passes/load.py)")
     return item.name
+
+
+def name_of(value: ir.Value | None) -> str:
+    """The name of a node's input or output, "" for a blank (left-out optional) one, as ONNX writes it."""
+    return "" if value is None or value.name is None else value.name

@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
 from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
@@ -40,17 +42,19 @@ def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to the end
     (onnxruntime frees unread outputs only then)."""
     model = resolve_shapes(model)
-    graph = model.graph
     infos = tensor_infos(model)
-    owner = shared_buffers(graph.node, {output.name for output in graph.output})
-    last_use = {owner.get(name, name): index for index, node in enumerate(graph.node) for name in node.input}
-    last_use.update({output.name: len(graph.node) for output in graph.output})
+    graph = ir.serde.deserialize_model(model).graph
+    nodes = list(graph)
+    outputs = [named(output) for output in graph.outputs]
+    owner = shared_buffers(nodes, set(outputs))
+    last_use = {owner.get(name, name): index for index, node in enumerate(nodes) for name in map(name_of, node.inputs)}
+    last_use.update({name: len(nodes) for name in outputs})
     live: dict[str, int] = {}
     peak = 0
-    for index, node in enumerate(graph.node):
-        live.update((name, infos[name].nbytes) for name in node.output if name and name not in owner)
+    for index, node in enumerate(nodes):
+        live.update((name, infos[name].nbytes) for name in map(name_of, node.outputs) if name and name not in owner)
         peak = max(peak, sum(live.values()) + workspace_bytes(node, infos, threads))
-        live = {name: size for name, size in live.items() if last_use.get(name, len(graph.node)) > index}
+        live = {name: size for name, size in live.items() if last_use.get(name, len(nodes)) > index}
     return peak
 
 

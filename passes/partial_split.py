@@ -4,66 +4,75 @@ A recomputed Split often serves one reader, which takes one of its outputs: onnx
 nobody reads, until the run ends, while the problem frees them with the rest of the instance. An unrolled GRU's
 training step at its minimum budget measured 1.8x its prediction so. Slicing out only the parts read gives the
 same values and holds nothing unread.
+
+An in-place change of an onnx-ir graph: each Slice takes the place of its Split, its output the read output's name,
+shape and readers (replace_all_uses_with), and the Split goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
-Shape = Callable[[str], "list[int] | None"]
-"""A tensor's concrete shape by its name in the rewritten graph, or None if unknown."""
+from onnx_remat.passes.reads import is_read
 
 
-def slice_partly_read_splits(
-    nodes: list[NodeProto], read: set[str], shape_of: Shape
-) -> tuple[list[NodeProto], list[TensorProto], dict[str, str]]:
-    """`nodes` with each Split that has an unread output (but not none read) replaced by one Slice per read output,
-    tagged as the Split was, the small constant tensors the Slices take, and each Slice's name -> its Split's.
-    `read`: the tensors some node reads or the graph returns."""
-    kept: list[NodeProto] = []
-    constants: list[TensorProto] = []
-    replaced: dict[str, str] = {}
-    for node in nodes:
-        outputs = [name for name in node.output if name]
-        wanted = [name for name in outputs if name in read]
-        split = _split_sizes(node, shape_of)
-        if split is None or not wanted or len(wanted) == len(outputs) or len(outputs) != len(node.output):
-            kept.append(node)
+def slice_partly_read_splits(graph: ir.Graph) -> None:
+    """Replace each Split of `graph` that has an unread output (but not none read) by one Slice per read output,
+    tagged as the Split was, whose constant inputs become initializers."""
+    for node in list(graph):
+        outputs = [value for value in node.outputs if value.name]
+        wanted = [value for value in outputs if is_read(value)]
+        split = _split_sizes(node)
+        if split is None or not wanted or len(wanted) == len(outputs) or len(outputs) != len(node.outputs):
             continue
         axis, sizes = split
         start = 0
-        for name, size in zip(outputs, sizes, strict=True):
+        for value, size in zip(outputs, sizes, strict=True):
             end = start + size
-            if name in wanted:
-                slice_node, tensors = _slice(node, name, axis, start, end)
-                kept.append(slice_node)
-                replaced[slice_node.name] = node.name
-                constants.extend(tensors)
+            if value in wanted:
+                _slice_into(graph, node, value, axis, start, end)
             start = end
-    return kept, constants, replaced
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
+        graph.remove(node)
 
 
-def _split_sizes(node: NodeProto, shape_of: Shape) -> tuple[int, list[int]] | None:
+def _split_sizes(node: ir.Node) -> tuple[int, list[int]] | None:
     """A Split's axis, counted from the front, and each output's size along it, if every output's shape is known;
     None for other nodes."""
     if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
         return None
-    shapes = [shape_of(name) for name in node.output]
+    shapes = [_static_shape(value) for value in node.outputs]
     known = [shape for shape in shapes if shape]  # a Split's outputs have rank 1 at least: () is an unknown rank
     if len(known) < len(shapes):
         return None
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(known[0])
+    axis = node.attributes.get_int("axis", 0) % len(known[0])
     return axis, [shape[axis] for shape in known]
 
 
-def _slice(split: NodeProto, output: str, axis: int, start: int, end: int) -> tuple[NodeProto, list[TensorProto]]:
-    """A Slice of `split`'s input from `start` to `end` along `axis` into `output`, with its constant inputs."""
-    name = f"{split.name}/{output}"
-    tensors = [numpy_helper.from_array(np.array([value], dtype=np.int64), f"{name}/{role}")
-               for role, value in (("starts", start), ("ends", end), ("axes", axis))]
-    node = helper.make_node("Slice", [split.input[0], *(t.name for t in tensors)], [output], name=name)
-    node.metadata_props.extend(split.metadata_props)
-    return node, tensors
+def _static_shape(value: ir.Value) -> list[int] | None:
+    """`value`'s concrete shape, or None if unknown."""
+    dims = [] if value.shape is None else [dim for dim in value.shape if isinstance(dim, int)]
+    return None if value.shape is None or len(dims) < len(value.shape) else dims
+
+
+def _slice_into(graph: ir.Graph, split: ir.Node, output: ir.Value, axis: int, start: int, end: int) -> None:
+    """Insert before `split` a Slice of its input from `start` to `end` along `axis` that takes the place of `output`,
+    with its constant inputs as initializers."""
+    name = f"{split.name}/{output.name}"
+    constants = [_constant(graph, f"{name}/{role}", value) for role, value in (("starts", start), ("ends", end),
+                                                                                ("axes", axis))]
+    node = ir.Node("", "Slice", [split.inputs[0], *constants], name=name, metadata_props=dict(split.metadata_props))
+    result = node.outputs[0]
+    result.name, result.type, result.shape = output.name, output.type, output.shape
+    graph.insert_before(split, node)
+    output.replace_all_uses_with(result, replace_graph_outputs=True)
+
+
+def _constant(graph: ir.Graph, name: str, value: int) -> ir.Value:
+    """A one-element int64 initializer of `graph`."""
+    tensor = ir.tensor(np.array([value], dtype=np.int64), name=name)
+    constant = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]), const_value=tensor)
+    graph.register_initializer(constant)
+    return constant

@@ -2,14 +2,18 @@
 
 An outer read is an edge like an input: the reader must come after the producer, and the tensor lives until
 the reader runs. ONNX names such reads only inside the subgraph, so every pass that orders nodes, frees
-tensors or renames them asks here instead of reading `node.input`.
+tensors or renames them asks here instead of reading `node.input`. On onnx-ir a subgraph's node reads the outer
+value itself, so an outer read is one of the value's uses: `outer_uses` lists them for a node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import onnx_ir as ir
 from onnx import AttributeProto, GraphProto, NodeProto
+
+_GRAPH_TYPES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
 
 
 def reads(node: NodeProto) -> list[str]:
@@ -65,3 +69,37 @@ def _rename_in(graph: GraphProto, renames: dict[str, str]) -> None:
             _rename_in(inner, renames)
     for value in graph.output:
         value.name = renames.get(value.name, value.name)
+
+
+def is_read(value: ir.Value) -> bool:
+    """Whether some node (in a subgraph too) reads an onnx-ir `value` or the graph returns it."""
+    return bool(value.uses()) or value.is_graph_output()
+
+
+def value_reads(node: ir.Node) -> list[ir.Value]:
+    """The values an onnx-ir `node` reads: its inputs, then its subgraphs' outer reads, each once (blank inputs left
+    out)."""
+    found = dict.fromkeys(value for value in node.inputs if value is not None)
+    found.update((value, None) for _, _, value in outer_uses(node))
+    return list(found)
+
+
+def outer_uses(node: ir.Node) -> list[tuple[ir.Node, int, ir.Value]]:
+    """Where `node`'s subgraphs (nested ones included) read a value from outside `node`: (inner node, input index,
+    value)."""
+    graphs = inner_graphs(node)
+    inside = set(graphs)
+    return [(inner, index, value) for graph in graphs for inner in graph for index, value in enumerate(inner.inputs)
+            if value is not None and value.graph not in inside]
+
+
+def inner_graphs(node: ir.Node) -> list[ir.Graph]:
+    """Every graph inside `node`'s attributes, nested ones included."""
+    graphs: list[ir.Graph] = []
+    for attribute in node.attributes.values():
+        if attribute.type not in _GRAPH_TYPES or attribute.is_ref():
+            continue
+        tops = [attribute.as_graph()] if attribute.type == ir.AttributeType.GRAPH else list(attribute.as_graphs())
+        for graph in tops:
+            graphs.extend([graph, *graph.subgraphs()])
+    return graphs

@@ -29,8 +29,8 @@ class TensorInfo:
 
 def tensor_infos(model: ir.Model | onnx.ModelProto) -> dict[str, TensorInfo]:
     """Every named tensor of the main graph with a known concrete shape: initializers, inputs, node outputs, graph
-    outputs, read from the IR's values. A ModelProto (what rewrite, the cost measurement and the device runs still
-    hold) is read into onnx-ir first."""
+    outputs, read from the IR's values. A ModelProto (a rewritten model, as the device runs and the memory
+    measurement take it) is read into onnx-ir first."""
     graph = (ir.serde.deserialize_model(model) if isinstance(model, onnx.ModelProto) else model).graph
     infos = {name: TensorInfo(tuple(value.const_value.shape.numpy()), int(value.const_value.dtype))
              for name, value in graph.initializers.items() if value.const_value is not None}

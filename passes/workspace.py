@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 
-import onnx
-from onnx import helper
+import onnx_ir as ir
 
+from onnx_remat.passes.manager import name_of
 from onnx_remat.passes.sizes import TensorInfo
 
 FLOAT_BYTES = 4
@@ -40,59 +40,60 @@ RECURRENT_GATES = {"LSTM": 4, "GRU": 3}
 """Per recurrent op: gate pre-activations per hidden unit and step, per direction."""
 
 
-def workspace_bytes(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int = 1) -> int:
+def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 1) -> int:
     """Scratch bytes of one node in onnxruntime's CPU kernels with `threads` intra-op threads."""
-    if node.domain not in ("", "ai.onnx") or not all(name in infos for name in (*node.input[:2], node.output[0])):
+    names = [name_of(value) for value in (*node.inputs[:2], node.outputs[0])]
+    if node.domain not in ("", "ai.onnx") or not all(name in infos for name in names):
         return 0
     if node.op_type == "Conv":
         return FLOAT_BYTES * _conv_floats(node, infos, threads)
     if node.op_type == "ConvTranspose":
         return FLOAT_BYTES * _conv_transpose_floats(node, infos)
     if node.op_type == "Where":
-        return 2 * infos[node.output[0]].nbytes
+        return 2 * infos[name_of(node.outputs[0])].nbytes
     if node.op_type == "ScatterElements":
-        return INDEX_BYTES * math.prod(infos[node.input[1]].shape)
-    if node.op_type in VARIADIC_OPS and len([name for name in node.input if name]) >= 3:
-        return infos[node.output[0]].nbytes
+        return INDEX_BYTES * math.prod(infos[name_of(node.inputs[1])].shape)
+    if node.op_type in VARIADIC_OPS and len([value for value in node.inputs if value is not None]) >= 3:
+        return infos[name_of(node.outputs[0])].nbytes
     if node.op_type in RECURRENT_GATES:
         return FLOAT_BYTES * _recurrent_floats(node, infos)
     return 0
 
 
-def _recurrent_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
+def _recurrent_floats(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
     """Elements of an LSTM's or GRU's scratch: gates of every step and state rows per direction, the reversed
     input and output for a second direction."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    x = infos[node.input[0]].shape
-    steps, rows, features = (x[1], x[0], x[2]) if attrs.get("layout", 0) else (x[0], x[1], x[2])
-    hidden = attrs["hidden_size"]
-    directions = 2 if attrs.get("direction", b"forward") == b"bidirectional" else 1
-    per_direction = (RECURRENT_GATES[node.op_type] * steps + _state_buffers(node, attrs)) * hidden * rows
+    attrs = node.attributes
+    x = infos[name_of(node.inputs[0])].shape
+    steps, rows, features = (x[1], x[0], x[2]) if attrs.get_int("layout", 0) else (x[0], x[1], x[2])
+    hidden = attrs.get_int("hidden_size", 0)
+    directions = 2 if attrs.get_string("direction", "forward") == "bidirectional" else 1
+    per_direction = (RECURRENT_GATES[node.op_type] * steps + _state_buffers(node)) * hidden * rows
     return directions * per_direction + (directions - 1) * steps * rows * (features + hidden)
 
 
-def _state_buffers(node: onnx.NodeProto, attrs: dict) -> int:
+def _state_buffers(node: ir.Node) -> int:
     """Buffers of rows x hidden per direction: an LSTM's initial hidden state, previous and clipped cell states; a
     GRU's states, its biases
     repeated per row (four with linear_before_reset, else three) and, with linear_before_reset, the linear output."""
     if node.op_type == "LSTM":
         return 3
-    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
-    biases = (4 if linear_before_reset else 3) if len(node.input) > 3 and node.input[3] else 0
+    linear_before_reset = bool(node.attributes.get_int("linear_before_reset", 0))
+    biases = (4 if linear_before_reset else 3) if len(node.inputs) > 3 and node.inputs[3] is not None else 0
     return 2 + biases + linear_before_reset
 
 
-def _conv_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo], threads: int) -> int:
+def _conv_floats(node: ir.Node, infos: dict[str, TensorInfo], threads: int) -> int:
     """Elements of the working buffer MlasConvPrepare asks for."""
-    x, w, y = infos[node.input[0]].shape, infos[node.input[1]].shape, infos[node.output[0]].shape
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    group = attrs.get("group", 1)
+    x, w, y = (infos[name_of(value)].shape for value in (node.inputs[0], node.inputs[1], node.outputs[0]))
+    attrs = node.attributes
+    group = attrs.get_int("group", 1)
     kernel = w[2:]
     k = (x[1] // group) * math.prod(kernel)
     output_size, filters = math.prod(y[2:]), w[0] // group
-    strides_one = all(s == 1 for s in attrs.get("strides", [1]))
-    unpadded = attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID")
-    no_padding = unpadded and all(p == 0 for p in attrs.get("pads", [0]))
+    strides_one = all(s == 1 for s in attrs.get_ints("strides", [1]))
+    unpadded = attrs.get_string("auto_pad", "NOTSET") in ("NOTSET", "VALID")
+    no_padding = unpadded and all(p == 0 for p in attrs.get_ints("pads", [0]))
     if strides_one and no_padding and math.prod(kernel) == 1:
         return 0
     if filters > output_size:
@@ -107,7 +108,7 @@ def _gemm_threads(complexity: int, threads: int) -> int:
     return max(1, min(complexity // THREAD_COMPLEXITY + 1, MAX_THREADS, threads))
 
 
-def _conv_transpose_floats(node: onnx.NodeProto, infos: dict[str, TensorInfo]) -> int:
+def _conv_transpose_floats(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
     """Elements of ConvTranspose's col2im buffer (reused across images and groups)."""
-    x, w = infos[node.input[0]].shape, infos[node.input[1]].shape
+    x, w = infos[name_of(node.inputs[0])].shape, infos[name_of(node.inputs[1])].shape
     return w[1] * math.prod(w[2:]) * math.prod(x[2:])

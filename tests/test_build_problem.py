@@ -46,7 +46,7 @@ def peaks(prepared, graph, schedule) -> tuple[int, int]:
     pruned of unread computations as the solver hands every schedule out."""
     problem = graph.problem
     schedule = prune_unread(problem, schedule)
-    model = rewrite(prepared.proto, graph.opmap, schedule, problem.devices)
+    model = rewrite(prepared.model, graph.opmap, schedule, problem.devices)
     return simulate(problem, schedule).peak_bytes[0] - held_before_run(model), predicted_activation_peak(model)
 
 
@@ -72,7 +72,7 @@ def test_recomputed_groups_leave_no_unread_tensors_behind(grouped):
     would read and onnxruntime would hold to the end of the run (14x the problem's peak on VGG16 frontier-only)."""
     _, prepared, graph = grouped
     schedule = prune_unread(graph.problem, frontier_only(graph.problem))
-    model = rewrite(prepared.proto, graph.opmap, schedule, graph.problem.devices)
+    model = rewrite(prepared.model, graph.opmap, schedule, graph.problem.devices)
     read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
     source = prepared.proto.graph
     originally_read = {name for node in source.node for name in node.input} | {o.name for o in source.output}

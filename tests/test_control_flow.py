@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto
 from onnx import helper as h
 
 import onnx_remat
+from onnx_remat.opmap import OpMap
 from onnx_remat.passes.execute import run
 from onnx_remat.passes.reads import outer_reads, reads
+from onnx_remat.passes.rewrite import rewrite
+from onnx_remat.schedule import Compute, Schedule
 
 WIDTH = 256
 
@@ -73,3 +77,19 @@ def test_the_outer_read_keeps_its_tensor_alive_until_the_if():
     branch = next(node for node in least.model.graph.node if node.op_type == "If")
     recomputed = next(node for node in least.model.graph.node if node.name.startswith("relu__remat"))
     assert outer_reads(branch) == [recomputed.output[0], "d"]
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_recomputed_if_has_its_own_branches_reading_the_latest_instances(flag):
+    """Recomputing a and then the If itself: the recomputation's branches (cloned) read a's recomputation, the first
+    If's still read a's first instance, and the graph output is the recomputation's."""
+    model = if_model()
+    ops = OpMap(tuple((node.name,) for node in model.graph.node))
+    events = [Compute(op, op) for op in range(5)] + [Compute(0, 5), Compute(4, 6)]
+    rewritten = rewrite(ir.serde.deserialize_model(model), ops, Schedule(tuple(events)))
+    onnx.checker.check_model(rewritten, full_check=True)
+    branches = {node.name: outer_reads(node) for node in rewritten.graph.node if node.op_type == "If"}
+    assert branches == {"branch": ["a", "d"], "branch__remat1": ["a__remat1", "d"]}
+    assert [node.output[0] for node in rewritten.graph.node if node.op_type == "If"] == ["y__remat0", "y"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, WIDTH)).astype(np.float32), "flag": np.array(flag)}
+    np.testing.assert_allclose(run(rewritten, feeds)[0], run(model, feeds)[0], rtol=1e-6)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -22,7 +23,7 @@ from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.runtimes import runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
-from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.pipeline import prepare
 
 GROUPS = [("conv_small",), ("relu", "add"), ("shape",), ("reshape",), ("conv_big",)]
@@ -57,6 +58,11 @@ def small_and_big_conv() -> onnx.ModelProto:
     return resolve_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
 
 
+def on_ir(model: onnx.ModelProto) -> tuple[ir.Model, dict[str, TensorInfo]]:
+    """`model` on onnx-ir and its tensors, as profile_costs takes them."""
+    return ir.serde.deserialize_model(model), tensor_infos(model)
+
+
 @pytest.fixture(scope="module")
 def model() -> onnx.ModelProto:
     return small_and_big_conv()
@@ -71,7 +77,7 @@ def devices():
 def measured(model, devices, tmp_path_factory) -> tuple[ProfiledCosts, object]:
     cache = tmp_path_factory.mktemp("costs")
     groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
-    return profile_costs(model, groups, devices, repeats=5, cache_dir=cache), cache
+    return profile_costs(*on_ir(model), groups, devices, repeats=5, cache_dir=cache), cache
 
 
 def test_costs_are_positive_and_finite(measured, devices):
@@ -107,26 +113,26 @@ def test_second_call_is_served_from_the_cache(measured, model, devices, monkeypa
 
     monkeypatch.setattr(cost_profiled, "_measure", no_runtime)
     groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
-    again = profile_costs(model, groups, devices, repeats=5, cache_dir=cache)
+    again = profile_costs(*on_ir(model), groups, devices, repeats=5, cache_dir=cache)
     assert again.from_cache
     assert again.to_json() == costs.to_json()
     with pytest.raises(AssertionError, match="cache should have answered"):
-        profile_costs(model, groups[:-1], devices, repeats=5, cache_dir=cache)
+        profile_costs(*on_ir(model), groups[:-1], devices, repeats=5, cache_dir=cache)
 
 
 def test_cache_key_ignores_weights_but_not_shapes(model, devices):
     groups = [tuple(g) for g in GROUPS]
-    key = cost_profiled.cache_key(model, groups, devices, 5)
+    key = cost_profiled.cache_key(*on_ir(model), groups, devices, 5)
     other_weights = onnx.ModelProto()
     other_weights.CopyFrom(model)
     other_weights.graph.initializer[0].CopyFrom(
         numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w_small"))
-    assert cost_profiled.cache_key(other_weights, groups, devices, 5) == key
-    assert cost_profiled.cache_key(model, groups, devices[:1], 5) != key
+    assert cost_profiled.cache_key(*on_ir(other_weights), groups, devices, 5) == key
+    assert cost_profiled.cache_key(*on_ir(model), groups, devices[:1], 5) != key
     other_shapes = onnx.ModelProto()
     other_shapes.CopyFrom(model)
     other_shapes.graph.input[1].type.tensor_type.shape.dim[2].dim_value = 32
-    assert cost_profiled.cache_key(other_shapes, groups, devices, 5) != key
+    assert cost_profiled.cache_key(*on_ir(other_shapes), groups, devices, 5) != key
 
 
 def test_apply_puts_measured_costs_into_a_problem(model, devices, tmp_path):
@@ -134,21 +140,22 @@ def test_apply_puts_measured_costs_into_a_problem(model, devices, tmp_path):
     infos = tensor_infos(model)
     groups = [g for g in (GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:])]
     analytic = {name: (lambda node, infos: 1.0) for name in ("ov-cpu", "ort-cpu")}
-    graph = build_problem(model, infos, analytic, lambda node, infos: 0, groups)
+    ir_model = ir.serde.deserialize_model(model)
+    graph = build_problem(ir_model, infos, analytic, lambda node, infos: 0, groups)
     assert ("relu", "add", "flatten_reshape") in graph.opmap.node_names
-    costs = profile_costs(model, graph.opmap.node_names, devices, repeats=5, cache_dir=tmp_path)
+    costs = profile_costs(ir_model, infos, graph.opmap.node_names, devices, repeats=5, cache_dir=tmp_path)
     problem = costs.apply(graph.problem)
     assert problem.cost == (costs.cost["ov-cpu"], costs.cost["ort-cpu"])
     assert problem.copy_seconds_per_byte[0][1] == costs.copy_seconds_per_byte[1][0]
     assert problem.copy_fixed_seconds[0][1] == costs.copy_fixed_seconds[1][0] > 0
     with pytest.raises(ValueError, match="no profiled costs for device 'gpu'"):
-        costs.apply(build_problem(model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)
+        costs.apply(build_problem(ir_model, infos, {"gpu": analytic["ov-cpu"]}, lambda n, i: 0, groups).problem)
 
 
 @pytest.fixture(scope="module")
 def in_graph(model, devices, tmp_path_factory) -> ProfiledCosts:
     groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
-    return profile_costs(model, groups, devices, repeats=5, cache_dir=tmp_path_factory.mktemp("in-graph"),
+    return profile_costs(*on_ir(model), groups, devices, repeats=5, cache_dir=tmp_path_factory.mktemp("in-graph"),
                          method="in-graph")
 
 
@@ -163,10 +170,10 @@ def test_in_graph_costs_order_operators_by_work(in_graph, devices):
 
 def test_in_graph_is_cached_apart_from_isolated(model, devices):
     groups = [tuple(g) for g in GROUPS]
-    isolated = cost_profiled.cache_key(model, groups, devices, 5)
-    assert cost_profiled.cache_key(model, groups, devices, 5, "in-graph") != isolated
+    isolated = cost_profiled.cache_key(*on_ir(model), groups, devices, 5)
+    assert cost_profiled.cache_key(*on_ir(model), groups, devices, 5, "in-graph") != isolated
     with pytest.raises(ValueError, match="unknown profiling method"):
-        profile_costs(model, groups, devices, method="guess")
+        profile_costs(*on_ir(model), groups, devices, method="guess")
 
 
 @pytest.mark.parametrize("name", ["ort-cpu", "ov-cpu"])
@@ -216,17 +223,17 @@ def test_a_bad_cache_entry_is_measured_again_and_rewritten(model, devices, tmp_p
     """Every fault of a cached entry: one warning, the costs measured again (real runs), the entry rewritten so the
     next call is served from it."""
     groups, one = GROUPS[:2], devices[:1]
-    first = profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path)
+    first = profile_costs(*on_ir(model), groups, one, repeats=1, cache_dir=tmp_path)
     (entry,) = tmp_path.glob("costs-*.json")
     CACHE_FAULTS[fault](entry)
     with pytest.warns(RematWarning, match=f"cost cache entry {entry} is unusable .*: measuring again"):
-        again = profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path)
+        again = profile_costs(*on_ir(model), groups, one, repeats=1, cache_dir=tmp_path)
     assert not again.from_cache and len(again.cost[one[0].name]) == len(groups)
     if fault == "a folder":
         return
     assert ProfiledCosts.from_json(json.loads(entry.read_text())) == dataclasses.replace(again, from_cache=False)
     monkeypatch.setattr(cost_profiled, "_measure", lambda *args: pytest.fail("the rewritten entry should answer"))
-    assert profile_costs(model, groups, one, repeats=1, cache_dir=tmp_path).from_cache
+    assert profile_costs(*on_ir(model), groups, one, repeats=1, cache_dir=tmp_path).from_cache
     assert first.devices == again.devices
 
 
@@ -234,6 +241,6 @@ def test_an_unwritable_cache_is_a_warning(model, devices, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.warns(RematWarning, match="cannot write the cost cache .*: costs not cached"):
-        costs = profile_costs(model, GROUPS[:2], devices[:1], repeats=1, cache_dir=blocker / "cache")
+        costs = profile_costs(*on_ir(model), GROUPS[:2], devices[:1], repeats=1, cache_dir=blocker / "cache")
     assert not costs.from_cache
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

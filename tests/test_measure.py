@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from conftest import conv_chain, skip_net
 from onnx import TensorProto, helper, numpy_helper
@@ -22,7 +23,7 @@ def measured_and_predicted(model: onnx.ModelProto, path) -> tuple[int, int]:
 
 def test_recomputation_that_frees_early_lowers_the_measured_peak(tmp_path):
     original = skip_net(channels=32, size=128)  # 2 MiB per tensor
-    rewritten = rewrite(original, one_node_ops(original), skip_remat_schedule())
+    rewritten = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), skip_remat_schedule())
     before, predicted_before = measured_and_predicted(original, tmp_path / "original.onnx")
     after, predicted_after = measured_and_predicted(rewritten, tmp_path / "rewritten.onnx")
     assert predicted_after < predicted_before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from conftest import conv_chain, skip_net
@@ -57,7 +58,7 @@ def offload_schedule() -> Schedule:
 @pytest.fixture(scope="module")
 def split() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     original = skip_net()
-    return original, rewrite(original, one_node_ops(original), skip_split_schedule(), TWO)
+    return original, rewrite(ir.serde.deserialize_model(original), one_node_ops(original), skip_split_schedule(), TWO)
 
 
 def test_copy_nodes_are_named_identities_in_schedule_order(split):
@@ -126,7 +127,7 @@ def test_layer_assignment_settings_pin_the_nodes_in_onnxruntime(split):
 
 def test_three_devices_with_an_offload_and_a_second_copy():
     original = conv_chain(depth=2)
-    model = rewrite(original, one_node_ops(original), offload_schedule(), THREE)
+    model = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), offload_schedule(), THREE)
     onnx.checker.check_model(model, full_check=True)
     names = [node.name for node in model.graph.node]
     assert names == [
@@ -148,7 +149,7 @@ def test_repeated_copies_between_the_same_devices_are_numbered():
     schedule = Schedule((
         C(0, 0), Copy(0, 0, 0, 1), F(0, 0), Copy(0, 1, 1, 0), F(0, 1), Copy(0, 1, 0, 1), C(1, 1, 1),
     ))  # fmt: skip
-    model = rewrite(original, one_node_ops(original), schedule, TWO)
+    model = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), schedule, TWO)
     assert [node.name for node in model.graph.node] == [
         "conv0", "c0__copy_a_to_b", "c0__copy_b_to_a", "c0__copy1_a_to_b", "relu0",
     ]
@@ -175,7 +176,7 @@ def test_a_copy_moves_every_output_and_unread_ones_are_dropped():
     schedule = Schedule((
         C(0, 0), Copy(0, 0, 0, 1), C(1, 1, 1), Copy(1, 1, 1, 0), C(2, 2), C(3, 3),
     ))  # fmt: skip
-    model = rewrite(original, one_node_ops(original), schedule, TWO)
+    model = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), schedule, TWO)
     onnx.checker.check_model(model, full_check=True)
     # The copy of split moved h0 and h1; nothing on b reads h1, so its copy is gone.
     assert [node.name for node in model.graph.node] == ["split", "h0__copy_a_to_b", "tanh", "t__copy_b_to_a",
@@ -187,12 +188,12 @@ def test_a_copy_moves_every_output_and_unread_ones_are_dropped():
 def test_a_tensor_read_on_a_device_without_it_is_refused():
     original = conv_chain(depth=1)
     with pytest.raises(ValueError, match="relu0 on b reads 'c0'"):
-        rewrite(original, one_node_ops(original), Schedule((C(0, 0), C(1, 1, 1))), TWO)
+        rewrite(ir.serde.deserialize_model(original), one_node_ops(original), Schedule((C(0, 0), C(1, 1, 1))), TWO)
 
 
 def test_one_device_stays_at_ir_10_without_configuration():
     original = conv_chain(depth=1)
-    model = rewrite(original, one_node_ops(original), Schedule((C(0, 0), C(1, 1))))
+    model = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), Schedule((C(0, 0), C(1, 1))))
     assert model.ir_version == 10 and not model.configuration
     assert all(not node.device_configurations and meta(node)["layer_ann"] == "cpu" for node in model.graph.node)
 
@@ -206,5 +207,6 @@ def test_weights_are_shared_not_copied():
         "mm", [value("x", TensorProto.FLOAT, [8, 3])], [value("y", TensorProto.FLOAT, [2, 3])], [weight],
     )
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    model = rewrite(original, one_node_ops(original), Schedule((C(0, 0), Copy(0, 0, 0, 1), C(1, 1, 1))), TWO)
+    schedule = Schedule((C(0, 0), Copy(0, 0, 0, 1), C(1, 1, 1)))
+    model = rewrite(ir.serde.deserialize_model(original), one_node_ops(original), schedule, TWO)
     assert list(nodes_by_name(model)["mm"].input) == ["w", "r__copy_a_to_b"]

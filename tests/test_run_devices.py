@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net, whole_gradient_groups
 
@@ -63,7 +64,7 @@ def test_alternating_placement_runs_with_the_original_numbers(mode, block):
     graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = alternating(graph.problem, block)
     simulate(graph.problem, schedule)
-    model = rewrite(prepared.proto, graph.opmap, schedule, graph.problem.devices)
+    model = rewrite(prepared.model, graph.opmap, schedule, graph.problem.devices)
     feeds = random_feeds(prepared.proto, seed=0)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=2)
     assert_same_outputs(result.outputs, prepared.proto, feeds)
@@ -82,7 +83,7 @@ def test_a_schedule_on_the_second_device_runs_as_one_segment_there():
     prepared = prepare(FIXTURE, "train")
     graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
     schedule = placed(keep_all(on_device(graph.problem, 1)), 1)
-    model = rewrite(prepared.proto, graph.opmap, schedule, graph.problem.devices)
+    model = rewrite(prepared.model, graph.opmap, schedule, graph.problem.devices)
     assert graph.opmap.prelude
     plan = build_plan(model, get_devices(TWO_ENGINES))
     assert [(type(step), step.device) for step in plan.steps] == [(Segment, 1)]
@@ -99,7 +100,7 @@ def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
         c(0, 0), c(1, 1), c(2, 2), c(3, 3), Copy(3, 3, 0, 1), c(4, 4, 1), c(5, 5, 1), Copy(2, 5, 0, 1),
         c(6, 6, 1), c(7, 7, 1), Copy(1, 7, 0, 1), c(8, 8, 1), c(9, 9, 1), Copy(0, 9, 0, 1), c(10, 10, 1), c(11, 11, 1),
     ))  # fmt: skip
-    model = rewrite(original, OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
+    model = rewrite(ir.serde.deserialize_model(original), OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
     plan = build_plan(model, get_devices(TWO_ENGINES))
     kinds = [f"{'S' if isinstance(s, Segment) else 'H'}{s.device if isinstance(s, Segment) else s.target}"
              for s in plan.steps]
@@ -120,7 +121,7 @@ def test_plan_ends_a_segment_after_the_last_reader_of_a_copied_tensor():
         c(0, 0), c(1, 1), c(2, 2), c(3, 3), Copy(3, 3, 0, 1), Copy(2, 3, 0, 1), Copy(1, 3, 0, 1), Copy(0, 3, 0, 1),
         *(c(k, k, 1) for k in range(4, 12)),
     ))  # fmt: skip
-    model = rewrite(original, OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
+    model = rewrite(ir.serde.deserialize_model(original), OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
     plan = build_plan(model, get_devices(TWO_ENGINES))
     segments = [[node.name for node in s.model.graph.node] for s in plan.steps if isinstance(s, Segment)]
     assert segments[1:] == [[f"dec{k}", f"add{k}"] for k in range(4)]
@@ -152,7 +153,7 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
     check_schedule(mixed, schedule)
     assert any(isinstance(event, Copy) for event in schedule.events)
     budgets = dict(zip(mixed.devices, mixed.budgets, strict=True))
-    rewritten = rewrite(prepared.proto, graph.opmap, schedule, mixed.devices, budgets)
+    rewritten = rewrite(prepared.model, graph.opmap, schedule, mixed.devices, budgets)
     return rewritten, budgets, prepared.proto
 
 

@@ -107,7 +107,7 @@ def test_recomputed_training_batch_norm_runs_in_onnxruntime():
     last = len(names) - 1
     events = [Compute(op, op) for op in range(last)] + [Compute(op, last) for op in batch_norms]
     events.append(Compute(last, last))
-    rewritten = rewrite(prepared.proto, graph.opmap, Schedule(tuple(events)))
+    rewritten = rewrite(prepared.model, graph.opmap, Schedule(tuple(events)))
     recomputed = [n for n in rewritten.graph.node if "__remat" in n.name and n.op_type == "BatchNormalization"]
     assert len(recomputed) == 2 and all(len(n.output) == 3 and all(n.output) for n in recomputed)
     feeds = random_feeds(prepared.proto, seed=4)

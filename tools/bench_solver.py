@@ -76,7 +76,8 @@ def training_problem(model: str, kwargs: dict) -> Problem:
     infos = tensor_infos(prepared.model)
     roofline = Roofline()
     costs = {"fast": lambda node, i: node_seconds(node, i, roofline)}
-    graph = build_problem(prepared.proto, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
+    model = prepared.model
+    graph = build_problem(model, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     return graph.problem
 
 

@@ -108,12 +108,12 @@ def solve_case(setting: Setting, problem: Problem, case: str) -> Row:
         except RematError:
             singles.append(Single(None, None))
             continue
-        model = rewrite(prepared.proto, opmap, result.schedule, alone.devices)
+        model = rewrite(prepared.model, opmap, result.schedule, alone.devices)
         singles.append(Single(result.objective, measure(model, (device,), repeats, problem.budgets[d:d + 1]).seconds))
     mixed = solve(planned, time_limit=time_limit)
     used = {event.device for event in mixed.schedule.events if isinstance(event, Compute)}
     copies = sum(isinstance(event, Copy) for event in mixed.schedule.events)
-    model = rewrite(prepared.proto, opmap, mixed.schedule, problem.devices)
+    model = rewrite(prepared.model, opmap, mixed.schedule, problem.devices)
     mixed_run = measure(model, devices, repeats, problem.budgets, memory=True)
     keep = tuple(problem.keep_all_bytes(d) for d in range(problem.num_devices))
     _, picked = faster_by_running(prepared, opmap, problem, mixed, devices)

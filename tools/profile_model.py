@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import onnx
+import onnx_ir as ir
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -21,18 +21,19 @@ from rich.table import Table
 from onnx_remat.devices import get_devices
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
-from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.pipeline import prepare
 
 SIGNIFICANT = 1.5
 
 
-def operators(model: Path, mode: str) -> tuple[onnx.ModelProto, list[tuple[str, ...]]]:
-    """The shape-inferred model and its operators as the solver would see them."""
-    prepared = prepare(model, mode)
+def operators(path: Path, mode: str) -> tuple[ir.Model, dict[str, TensorInfo], list[tuple[str, ...]]]:
+    """The shape-inferred model on onnx-ir, its tensors and its operators as the solver would see them."""
+    prepared = prepare(path, mode)
     free = {"cost": lambda node, infos: 0.0}
-    graph = build_problem(prepared.proto, tensor_infos(prepared.model), free, lambda n, i: 0, prepared.groups)
-    return prepared.proto, [tuple(group) for group in graph.opmap.node_names]
+    model, infos = prepared.model, tensor_infos(prepared.model)
+    graph = build_problem(model, infos, free, lambda n, i: 0, prepared.groups)
+    return model, infos, [tuple(group) for group in graph.opmap.node_names]
 
 
 def cost_table(groups: list[tuple[str, ...]], costs: ProfiledCosts) -> Table:
@@ -100,11 +101,11 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args()
     devices = get_devices(args.devices)
-    model, groups = operators(args.model, args.mode)
+    model, infos, groups = operators(args.model, args.mode)
     with Progress(console=Console(stderr=True, quiet=args.quiet), transient=True) as bar:
         task = bar.add_task("profiling", total=None)
         costs = profile_costs(
-            model, groups, devices, args.repeats, args.cache_dir,
+            model, infos, groups, devices, args.repeats, args.cache_dir,
             lambda done, total, label: bar.update(task, completed=done, total=total, description=label),
         )
     console = Console()

@@ -145,9 +145,11 @@ def profile_costs(
     cache_dir: str | Path | None = None,
     progress: Progress | None = None,
     method: str = "isolated",
+    deadline: float | None = None,
 ) -> ProfiledCosts:
     """Measure every operator (a group of node names of the shape-inferred `model`) on every device: each alone
-    (`method` "isolated"), or inside whole-model runs ("in-graph")."""
+    (`method` "isolated"), or inside whole-model runs ("in-graph"); OutOfTime if the measuring is still under way
+    at `deadline` (a time.perf_counter() value), whose part done is not kept."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
@@ -158,7 +160,7 @@ def profile_costs(
     cached = _read_cache(path, devices, len(operators))
     if cached is not None:
         return cached
-    costs = _measure(model, operators, devices, repeats, progress or _no_progress, method)
+    costs = _measure(model, operators, devices, repeats, progress or _no_progress, method, deadline)
     _write_cache(path, costs)
     return costs
 
@@ -282,7 +284,7 @@ def _no_progress(done: int, total: int, label: str) -> None:
 
 def _measure(
     model: onnx.ModelProto, groups: list[tuple[str, ...]], devices: tuple[Device, ...], repeats: int,
-    progress: Progress, method: str,
+    progress: Progress, method: str, deadline: float | None,
 ) -> ProfiledCosts:
     """Run the measurements: call overheads, every operator on every device, every hand-off."""
     runtimes = [runtime_for(d) for d in devices]
@@ -292,7 +294,7 @@ def _measure(
     run_overhead = {runtime.device.name: overhead[runtime.device.name] + _moves_seconds(runtime, model, feeds, repeats)
                     for runtime in runtimes}
     per_device = len(groups) if method == "isolated" else 1
-    steps = _Steps(len(devices) * (per_device + len(devices)), progress)
+    steps = _Steps(len(devices) * (per_device + len(devices)), progress, deadline)
     if method == "isolated":
         cost = _operator_costs(model, groups, runtimes, empty, repeats, steps)
     else:
@@ -311,16 +313,23 @@ def _measure(
     )
 
 
+class OutOfTime(Exception):
+    """Measuring was still under way at its deadline."""
+
+
 @dataclass
 class _Steps:
-    """Counts measurements and reports them to a progress callback."""
+    """Counts measurements and reports them to a progress callback; none starts past the deadline."""
 
     total: int
     progress: Progress
+    deadline: float | None = None
     done: int = 0
 
     def step(self, label: str) -> None:
-        """Announce the next measurement."""
+        """Announce the next measurement, or raise OutOfTime if the deadline has passed."""
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise OutOfTime(f"{self.done} of {self.total} measurements were done by the deadline")
         self.progress(self.done, self.total, label)
         self.done += 1
 

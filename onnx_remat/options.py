@@ -22,8 +22,9 @@ DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_POINT_TIME_LIMIT = 30.0
 """Seconds each point of `sweep` (a budget) or `max-batch` (a batch size tried) may take."""
 MINIMUM_SECONDS = 10.0
-"""The most the search of the devices' minimum budgets may take when no budget is `min` (half the time limit when
-that is shorter); with a `min` budget it gets half the time limit."""
+"""The most the search of the devices' minimum budgets may take when no budget is `min` (half the time left when that
+is shorter); with a `min` budget it gets half the time left, or more where the solver has no MILP to run
+(onnx_remat.resolve.search_seconds)."""
 LAST_SECONDS = 0.1
 """The least time a solve is given, however much of the limit preparing took: enough to return its start."""
 LOSSES = ("mse", "cross-entropy", "sum")

@@ -6,9 +6,9 @@ a schedule the same way, and apart from `report` so that the report stays plain 
 
 from __future__ import annotations
 
-from onnx_remat.passes.simulate import Simulation, simulate
+from onnx_remat.passes.simulate import Simulation
 from onnx_remat.passes.solve import SolveResult
-from onnx_remat.passes.solve.baselines import placed_baselines
+from onnx_remat.passes.solve.baselines import simulated_baselines
 from onnx_remat.problem import Problem
 from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputation, Report, SolverSummary
 from onnx_remat.schedule import Compute, Copy, Free, Schedule
@@ -134,10 +134,9 @@ def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -
 def baselines(problem: Problem, run_overhead: float = 0.0) -> dict[str, BaselineResult]:
     """Predicted time (`run_overhead` included) and peak of every baseline run entirely on each device, and whether it
     fits every budget."""
-    results = {}
-    for name, schedule in placed_baselines(problem):
-        simulation = simulate(problem, schedule)
-        results[name] = BaselineResult(
+    return {
+        name: BaselineResult(
             simulation.total_cost + run_overhead, max(simulation.peak_bytes), simulation.fits(problem.budgets)
         )
-    return results
+        for name, _, simulation in simulated_baselines(problem)
+    }

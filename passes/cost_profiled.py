@@ -151,9 +151,11 @@ def profile_costs(
     cache_dir: str | Path | None = None,
     progress: Progress | None = None,
     method: str = "isolated",
+    deadline: float | None = None,
 ) -> ProfiledCosts:
     """Measure every operator (a group of node names of the shape-inferred `model`, whose tensors `infos` gives) on
-    every device: each alone (`method` "isolated"), or inside whole-model runs ("in-graph")."""
+    every device: each alone (`method` "isolated"), or inside whole-model runs ("in-graph"); OutOfTime if the
+    measuring is still under way at `deadline` (a time.perf_counter() value), whose part done is not kept."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
@@ -165,7 +167,7 @@ def profile_costs(
     cached = _read_cache(path, devices, len(operators))
     if cached is not None:
         return cached
-    costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method)
+    costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method, deadline)
     _write_cache(path, costs)
     return costs
 
@@ -294,7 +296,7 @@ def _no_progress(done: int, total: int, label: str) -> None:
 
 def _measure(
     model: ir.Model, infos: dict[str, TensorInfo], groups: list[list[ir.Node]], devices: tuple[Device, ...],
-    repeats: int, progress: Progress, method: str,
+    repeats: int, progress: Progress, method: str, deadline: float | None,
 ) -> ProfiledCosts:
     """Run the measurements: call overheads, every operator on every device, every hand-off."""
     proto = to_proto(model)  # what the runtimes run
@@ -305,7 +307,7 @@ def _measure(
     run_overhead = {runtime.device.name: overhead[runtime.device.name]
                     + _moves_seconds(runtime, proto, infos, feeds, repeats) for runtime in runtimes}
     per_device = len(groups) if method == "isolated" else 1
-    steps = _Steps(len(devices) * (per_device + len(devices)), progress)
+    steps = _Steps(len(devices) * (per_device + len(devices)), progress, deadline)
     if method == "isolated":
         cost = _operator_costs(_Cutter(model, proto, infos, groups), groups, runtimes, empty, repeats, steps)
     else:
@@ -324,16 +326,24 @@ def _measure(
     )
 
 
+class OutOfTime(Exception):
+    """Measuring was still under way at its deadline."""
+
+
 @dataclass
 class _Steps:
-    """Counts measurements and reports them to a progress callback."""
+    """Counts measurements and reports them to a progress callback; none starts past the deadline."""
 
     total: int
     progress: Progress
+    deadline: float | None = None
     done: int = 0
 
-    def step(self, label: str) -> None:
-        """Announce the next measurement."""
+    def step(self, label: str, timed: bool = True) -> None:
+        """Announce the next measurement, or raise OutOfTime if it is `timed` (not free: a device's copy to itself)
+        and the deadline has passed."""
+        if timed and self.deadline is not None and time.perf_counter() >= self.deadline:
+            raise OutOfTime(f"{self.done} of {self.total} measurements were done by the deadline")
         self.progress(self.done, self.total, label)
         self.done += 1
 
@@ -403,7 +413,7 @@ def _copy_matrices(
     for source in runtimes:
         fits = []
         for target in runtimes:
-            steps.step(f"copies {source.device.name} -> {target.device.name}")
+            steps.step(f"copies {source.device.name} -> {target.device.name}", timed=source is not target)
             fits.append((0.0, 0.0) if source is target else _copy_fit(source, target, repeats))
         per_byte.append(tuple(b for _, b in fits))
         fixed.append(tuple(

@@ -1,12 +1,20 @@
 """Budget parsing: units, percentages, min, and clear errors; minimum budgets searched once."""
 
+from dataclasses import replace
+
 import pytest
+from conftest import skip_net
 from test_multidevice import problem as multi_problem
 
 from onnx_remat.budget import Budget, parse_budget
+from onnx_remat.devices import get_devices
 from onnx_remat.errors import UsageError
+from onnx_remat.options import MINIMUM_SECONDS
+from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.solve.baselines import BASELINES, placed_baselines, simulated_baselines
 from onnx_remat.passes.solve.min_budget import MinBudget
-from onnx_remat.resolve import Minima
+from onnx_remat.pipeline import costed_problem, prepare
+from onnx_remat.resolve import HEURISTIC_SEARCH_SHARE, Minima, search_seconds
 
 
 @pytest.mark.parametrize(
@@ -61,3 +69,21 @@ def test_minima_are_searched_once_per_other_budgets_and_again_only_longer_when_u
 def test_min_resolves_only_against_a_known_minimum():
     with pytest.raises(ValueError, match="known minimum"):
         parse_budget("min").resolve(keep_all_bytes=1000)
+
+
+def test_baselines_are_built_once_per_problem_whatever_its_budgets():
+    problem = costed_problem(prepare(skip_net()), get_devices(None)).problem
+    built = simulated_baselines(problem)
+    assert simulated_baselines(replace(problem, budgets=(problem.keep_all_bytes() // 2,))) is built
+    assert [name for name, _ in placed_baselines(problem)] == list(BASELINES)
+    for _, schedule, simulation in built:
+        again = simulate(problem, schedule)
+        assert (simulation.peak_bytes, simulation.total_cost) == (again.peak_bytes, again.total_cost)
+
+
+def test_the_minimum_search_takes_its_share_of_the_time_left():
+    minimum, half = parse_budget("min"), parse_budget("50%")
+    assert search_seconds(40.0, [minimum]) == 20.0
+    assert search_seconds(40.0, [minimum], milp=False) == 40.0 * HEURISTIC_SEARCH_SHARE
+    assert search_seconds(4.0, [half]) == 2.0
+    assert search_seconds(40.0, [half]) == search_seconds(None, [minimum]) == MINIMUM_SECONDS

@@ -4,6 +4,7 @@ work, cached, with copy costs."""
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.runtimes import runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
-from onnx_remat.pipeline import prepare
+from onnx_remat.pipeline import RematOptions, costed, prepare
 
 GROUPS = [("conv_small",), ("relu", "add"), ("shape",), ("reshape",), ("conv_big",)]
 
@@ -244,3 +245,18 @@ def test_an_unwritable_cache_is_a_warning(model, devices, tmp_path):
         costs = profile_costs(*on_ir(model), GROUPS[:2], devices[:1], repeats=1, cache_dir=blocker / "cache")
     assert not costs.from_cache
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_measuring_past_its_deadline_stops_and_caches_nothing(model, devices, tmp_path):
+    with pytest.raises(cost_profiled.OutOfTime, match="0 of"):
+        profile_costs(*on_ir(model), GROUPS, devices[:1], repeats=1, cache_dir=tmp_path,
+                      deadline=time.perf_counter())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_costs_not_measured_within_their_share_of_the_time_limit_are_the_rooflines(tmp_path):
+    options = RematOptions(cost_model="in-graph", time_limit=1e-6, cache_dir=tmp_path)
+    problem = costed(small_and_big_conv(), options)
+    assert problem.profiled is None and problem.cost_model == "analytic"
+    assert problem.cost_source.startswith("roofline estimates: measuring in-graph costs would take longer than its "
+                                          "share of the time limit")

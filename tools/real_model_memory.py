@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from real_model_zoo import ARCHITECTURES, EXPORTERS, export
+from real_model_zoo import ARCHITECTURES, EXPORTERS, architecture, export
 
 from onnx_remat.errors import RematError
 from onnx_remat.execution import run_on_devices
@@ -61,7 +61,7 @@ def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: 
     """Rewrite `path` at `budget`, run the rewrite once on the CPU and measure its peak."""
     row = Measured(name, batch, exporter, mode, budget)
     try:
-        result = remat(path, budget, mode=mode, training=TrainingOptions(loss=ARCHITECTURES[name].loss),
+        result = remat(path, budget, mode=mode, training=TrainingOptions(loss=architecture(name).loss),
                        time_limit=time_limit, find_minimum=budget == "min")
         out = path.with_name(f"{path.stem}.{mode}.{budget.rstrip('%')}.onnx")
         result.save(out)

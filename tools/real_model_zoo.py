@@ -221,12 +221,22 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gru": Architecture(lambda: Recurrent(nn.GRU, bidirectional=True), _sequence, loss="mse"),
 }
 
+LARGE_ARCHITECTURES: dict[str, Architecture] = {
+    "densenet121": Architecture(_vision("densenet121", num_classes=10), _image, slow=True),
+}
+"""Models for the scale benchmark (tools/bench_scale.py), outside the matrix: ~1700 operators to train."""
+
+
+def architecture(name: str) -> Architecture:
+    """The architecture of that name, from the matrix or the large models."""
+    return ARCHITECTURES.get(name) or LARGE_ARCHITECTURES[name]
+
 
 def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The architecture's module (seeded weights, eval mode, no dropout, BatchNorm statistics made non-trivial)
     and its example inputs."""
     torch.manual_seed(seed)
-    module = ARCHITECTURES[name].build()
+    module = architecture(name).build()
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0  # a random mask in the training step could not be compared with autograd
@@ -239,7 +249,7 @@ def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
             # nn.TransformerEncoder deep-copies from one, would each share one tensor (and one summed gradient).
             p.add_(torch.empty_like(p).uniform_(-0.1, 0.1) if p.numel() > 1 and bool((p == p.flatten()[0]).all())
                    else torch.empty_like(p).uniform_(-0.01, 0.01))
-    return module.eval(), ARCHITECTURES[name].inputs()
+    return module.eval(), architecture(name).inputs()
 
 
 def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | None = None,

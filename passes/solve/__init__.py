@@ -35,7 +35,7 @@ from onnx_remat.passes.solve.baselines import (
     prune_unread,
 )
 from onnx_remat.passes.solve.cbc import solve_cbc
-from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model, too_large
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -51,13 +51,6 @@ Progress = Callable[[float, float | None, float | None], None]
 BACKENDS: dict[str, Backend] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
 """Backend name -> the function that runs it (its module in this package). onnx_remat.options.SOLVERS, which the
 command line offers without loading any solver, lists the same names after "auto" (tests/test_startup.py checks)."""
-
-MAX_MILP_CELLS = 100_000
-"""Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
-beyond it HiGHS does not finish the root LP, or finds nothing better than the warm start and no bound above the
-memory-cut bound, within the time limits used (docs/measurements.md). Its child process (highs.py) would keep
-such a run within the time limit, but it would add nothing."""
-
 
 DEADLINE_RESERVE = 1.0
 """Seconds of a time limit (at least 5% of it) kept from the backend for checking and pruning the answer, and for
@@ -242,7 +235,7 @@ def _solve_frontier(
     """
     if stop.is_set():
         return incumbent, SolveStatus.INTERRUPTED, None
-    if problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS:
+    if too_large(problem):
         return incumbent, SolveStatus.HEURISTIC, None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)

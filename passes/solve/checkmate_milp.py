@@ -36,6 +36,18 @@ from onnx_remat.passes.solve.sparse import Compressed
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Compute, Copy, Matrices, Schedule
 
+MAX_MILP_CELLS = 100_000
+"""Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):
+beyond it HiGHS does not finish the root LP, or finds nothing better than the warm start and no bound above the
+memory-cut bound, within the time limits used (docs/measurements.md). Its child process (highs.py) would keep
+such a run within the time limit, but it would add nothing."""
+
+
+def too_large(problem: Problem) -> bool:
+    """Whether the problem's MILP is over MAX_MILP_CELLS, so neither the solver nor the minimum search builds it."""
+    return problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS
+
+
 MEMORY_STEPS = 1e4
 """The memory unit is keep-all / MEMORY_STEPS bytes, so solver tolerances stay far below a byte."""
 

@@ -18,8 +18,14 @@ import numpy as np
 
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
-from onnx_remat.passes.solve.baselines import fitting, on_device, placed, placed_baselines, segmentations
-from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model
+from onnx_remat.passes.solve.baselines import (
+    fitting,
+    on_device,
+    placed,
+    segmentations,
+    simulated_baselines,
+)
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, too_large
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.problem import Problem
@@ -72,13 +78,14 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
     """The minimum budget on `device`, proven by HiGHS minimizing the peak unless `time_limit` runs out.
 
     The limit bounds the whole search: the heuristics' candidates come first (the baselines and the eviction
-    heuristic always, Chen's segment lengths while time remains), then the MILP gets what is left, if anything."""
+    heuristic always, Chen's segment lengths while time remains), then the MILP gets what is left, if anything and
+    if it is not too large to build (checkmate_milp.MAX_MILP_CELLS)."""
     deadline = time.perf_counter() + time_limit
     if problem.num_ops == 0:
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
     peak, schedule = min(_candidates(problem, device, deadline), key=lambda pair: pair[0])
-    if peak == lower or time.perf_counter() >= deadline:
+    if peak == lower or time.perf_counter() >= deadline or too_large(problem):
         return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))
     left = deadline - time.perf_counter()
@@ -111,32 +118,61 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
     """(peak on `device`, schedule) of the baselines, of the eviction heuristic at the least budget of `device` it
     fits, and (until `deadline`) of Chen's segments at every length on one device, among those that fit every other
     device's budget."""
+
+    def fits_others(peaks: tuple[int, ...]) -> bool:
+        return all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device)
+
+    found = [(simulation.peak_bytes[device], schedule) for _, schedule, simulation in simulated_baselines(problem)
+             if fits_others(simulation.peak_bytes)]
     segmented = (
         placed(schedule, d)
         for d in range(problem.num_devices)
         for schedule in segmentations(on_device(problem, d))
     )
-    evicting = _least_evicting(problem, device, deadline)
-    always = [schedule for _, schedule in placed_baselines(problem)] + ([] if evicting is None else [evicting])
-    found: list[tuple[int, Schedule]] = []
-    for k, schedule in enumerate(itertools.chain(always, segmented)):
-        if k >= len(always) and found and time.perf_counter() >= deadline:
+    evicting = _least_evicting(problem, device, deadline, min((peak for peak, _ in found), default=None))
+    for schedule in itertools.chain([] if evicting is None else [evicting], segmented):
+        if schedule is not evicting and found and time.perf_counter() >= deadline:
             break
         peaks = simulate(problem, schedule).peak_bytes
-        if all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device):
+        if fits_others(peaks):
             found.append((peaks[device], schedule))
     return found
 
 
-def _least_evicting(problem: Problem, device: int, deadline: float | None = None) -> Schedule | None:
+EVICTION_PATIENCE = 2.0
+"""How many times as long as at the search's first budget the eviction heuristic may take at a tighter one (and
+EVICTION_FLOOR seconds at least) before that budget counts as not fitting: where it does not fit it can take
+5-8 times as long to find out (DenseNet-121's training step: 2.3 s where it fits, 11-18 s where not, measured)."""
+EVICTION_FLOOR = 1.0
+
+
+def _least_evicting(
+    problem: Problem, device: int, deadline: float | None = None, high: int | None = None
+) -> Schedule | None:
     """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%, until
-    `deadline`) at which it fits, the other devices at their budgets; None if it fits not even at keep-all."""
+    `deadline`) at which it fits, the other devices at their budgets; None if it fits not even at keep-all. The search
+    starts at `high` (a budget a baseline fits), or at keep-all where the heuristic does not fit there."""
+    first: list[float] = []
 
     def fitting(budget: int) -> Schedule | None:
         budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
-        return _evicting(replace(problem, budgets=budgets), deadline)
+        started = time.perf_counter()
+        patience = None if not first else started + max(EVICTION_FLOOR, EVICTION_PATIENCE * first[0])
+        schedule = _evicting(replace(problem, budgets=budgets), _earlier(deadline, patience))
+        first.append(time.perf_counter() - started)
+        return schedule
 
-    return _least_budget(fitting, quick_lower_bound(problem, device), _keep_all_room(problem), deadline)[1]
+    lower = quick_lower_bound(problem, device)
+    for start in dict.fromkeys(b for b in (high, _keep_all_room(problem)) if b is not None):
+        first.clear()
+        if (schedule := _least_budget(fitting, lower, start, deadline)[1]) is not None:
+            return schedule
+    return None
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    """The earlier of two deadlines, either None for none."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
@@ -181,7 +217,8 @@ def fits_equal_budget(problem: Problem, budget: int) -> bool:
 def _fitting_equal(problem: Problem, budget: int) -> Schedule | None:
     """A heuristic schedule (the offloading heuristic or a baseline) within `budget` on every device, or None."""
     equal = replace(problem, budgets=(budget,) * problem.num_devices)
-    return _evicting(equal) or _fitting(equal, (schedule for _, schedule in placed_baselines(equal)))
+    baselines = (schedule for _, schedule, simulation in simulated_baselines(equal) if simulation.fits(equal.budgets))
+    return _evicting(equal) or next(baselines, None)
 
 
 def _keep_all_room(problem: Problem) -> int:

@@ -29,11 +29,10 @@ from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
-from onnx_remat.passes.cost_profiled import OutOfTime, ProfiledCosts, profile_costs
-from onnx_remat.passes.cost_profiled import Progress as ProfileProgress
+from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
-from onnx_remat.passes.layers import group_training_graph
 from onnx_remat.passes.manager import run_passes, to_proto
+from onnx_remat.passes.operator_groups import group_training_graph
 from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
 from onnx_remat.passes.shapes import ResolveShapes
@@ -43,10 +42,10 @@ from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import too_large, write_mps
 from onnx_remat.passes.workspace import workspace_bytes
-from onnx_remat.plan import build_report
 from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
 from onnx_remat.report import MeasuredChoice, Report
+from onnx_remat.report_builder import build_report
 from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
 from onnx_remat.schedule import Compute, Copy, Schedule
 
@@ -236,7 +235,7 @@ def default_cost_model(device_count: int) -> str:
 
 def _costs(
     prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
-    progress: ProfileProgress | None, deadline: float | None,
+    progress: MeasureProgress | None, deadline: float | None,
 ) -> CostedProblem:
     """The costed problem with `cost_model` as asked, or by default measured, falling back to the roofline (saying
     why) when measuring is impossible here, or when it would not finish by `deadline`."""
@@ -263,7 +262,7 @@ def costed_problem(
     devices: Sequence[Device],
     cost_model: str = "analytic",
     cache_dir: str | Path | None = None,
-    progress: ProfileProgress | None = None,
+    progress: MeasureProgress | None = None,
     deadline: float | None = None,
 ) -> CostedProblem:
     """The problem of a prepared model on `devices` (budgets still 0) with analytic (roofline) costs, or with
@@ -276,9 +275,8 @@ def costed_problem(
     graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles)
     profiled = None
     if cost_model != "analytic":
-        method = "isolated" if cost_model == "profiled" else "in-graph"
         profiled = profile_costs(prepared.model, infos, graph.opmap.node_names, devices, cache_dir=cache_dir,
-                                 progress=progress, method=method, deadline=deadline)
+                                 progress=progress, method=cost_model, deadline=deadline)
         graph = replace(graph, problem=profiled.apply(graph.problem))
     return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
 

@@ -66,10 +66,10 @@ from onnx_remat.passes.runtimes import Runtime, runtime_for
 from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.problem import Problem
 
-Progress = Callable[[int, int, str], None]
+MeasureProgress = Callable[[int, int, str], None]
 
 CACHE_VERSION = 2
-METHODS = ("isolated", "in-graph")
+METHODS = ("profiled", "in-graph")
 IN_GRAPH_RUNS = 15
 IN_GRAPH_SECONDS = 1.0
 """About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (3 at least) for a model slower than that."""
@@ -149,13 +149,14 @@ def profile_costs(
     devices: Sequence[Device],
     repeats: int = 50,
     cache_dir: str | Path | None = None,
-    progress: Progress | None = None,
-    method: str = "isolated",
+    progress: MeasureProgress | None = None,
+    method: str = "profiled",
     deadline: float | None = None,
 ) -> ProfiledCosts:
     """Measure every operator (a group of node names of the shape-inferred `model`, whose tensors `infos` gives) on
-    every device: each alone (`method` "isolated"), or inside whole-model runs ("in-graph"); OutOfTime if the
-    measuring is still under way at `deadline` (a time.perf_counter() value), whose part done is not kept."""
+    every device: each alone (`method` "profiled", as the cost model of that name does), or inside whole-model runs
+    ("in-graph"); OutOfTime if the measuring is still under way at `deadline` (a time.perf_counter() value), whose
+    part done is not kept."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
@@ -257,7 +258,7 @@ def default_cache_dir() -> Path:
 
 def cache_key(
     model: ir.Model, infos: dict[str, TensorInfo], groups: Sequence[tuple[str, ...]], devices: Sequence[Device],
-    repeats: int, method: str = "isolated",
+    repeats: int, method: str = "profiled",
 ) -> str:
     """A hash of what the measurements depend on: graph structure and shapes, groups, devices, runtimes."""
     payload = {
@@ -296,7 +297,7 @@ def _no_progress(done: int, total: int, label: str) -> None:
 
 def _measure(
     model: ir.Model, infos: dict[str, TensorInfo], groups: list[list[ir.Node]], devices: tuple[Device, ...],
-    repeats: int, progress: Progress, method: str, deadline: float | None,
+    repeats: int, progress: MeasureProgress, method: str, deadline: float | None,
 ) -> ProfiledCosts:
     """Run the measurements: call overheads, every operator on every device, every hand-off."""
     proto = to_proto(model)  # what the runtimes run
@@ -306,9 +307,9 @@ def _measure(
     feeds = random_feeds(proto, seed=0)
     run_overhead = {runtime.device.name: overhead[runtime.device.name]
                     + _moves_seconds(runtime, proto, infos, feeds, repeats) for runtime in runtimes}
-    per_device = len(groups) if method == "isolated" else 1
+    per_device = len(groups) if method == "profiled" else 1
     steps = _Steps(len(devices) * (per_device + len(devices)), progress, deadline)
-    if method == "isolated":
+    if method == "profiled":
         cost = _operator_costs(_Cutter(model, proto, infos, groups), groups, runtimes, empty, repeats, steps)
     else:
         cost = {runtime.device.name: _in_graph_costs(proto, groups, runtime, empty[runtime.device.name],
@@ -335,7 +336,7 @@ class _Steps:
     """Counts measurements and reports them to a progress callback; none starts past the deadline."""
 
     total: int
-    progress: Progress
+    progress: MeasureProgress
     deadline: float | None = None
     done: int = 0
 

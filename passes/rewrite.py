@@ -76,23 +76,23 @@ class Rewrite(ir.passes.FunctionalPass):
         _check_coverage(nodes, self.opmap)
         needed = {value for node in graph for value in node.outputs if is_read(value)}
         handed = [_handed_over([nodes[name] for name in names]) for names in self.opmap.node_names]
-        emitter = _Emitter(self.device_names, {*graph.inputs, *graph.initializers.values()})
-        self._emit_prelude(emitter, [nodes[name] for name in self.opmap.prelude])
-        self._emit_schedule(emitter, nodes, handed)
-        _assemble(out, emitter, needed)
+        writer = _InstanceWriter(self.device_names, {*graph.inputs, *graph.initializers.values()})
+        self._emit_prelude(writer, [nodes[name] for name in self.opmap.prelude])
+        self._emit_schedule(writer, nodes, handed)
+        _assemble(out, writer, needed)
         out.ir_version = ir_version_for(out, len(self.device_names))
         return ir.passes.PassResult(out, modified=True)
 
-    def _emit_prelude(self, emitter: _Emitter, prelude: list[ir.Node]) -> None:
+    def _emit_prelude(self, writer: _InstanceWriter, prelude: list[ir.Node]) -> None:
         """The prelude's nodes, on the device of the schedule's first computation, held on every device after."""
         first = next((event.device for event in self.schedule.events if isinstance(event, Compute)), 0)
         for node in prelude:
-            emitter.emit(node, 0, "forward", first, PRELUDE_STEP)
-        emitter.resident.update(value for node in prelude for value in node.outputs)
-        emitter.pristine = {node.outputs[0]: value for node in prelude
+            writer.emit(node, 0, "forward", first, PRELUDE_STEP)
+        writer.resident.update(value for node in prelude for value in node.outputs)
+        writer.pristine = {node.outputs[0]: value for node in prelude
                             if node.op_type == "Sum" and len(node.inputs) == 1 and (value := node.inputs[0])}
 
-    def _emit_schedule(self, emitter: _Emitter, nodes: dict[str, ir.Node],
+    def _emit_schedule(self, writer: _InstanceWriter, nodes: dict[str, ir.Node],
                        handed: list[list[tuple[ir.Value, str]]]) -> None:
         """The schedule's computations (the k-th of an operator its (k-1)-th recomputation) and copies, in order."""
         instances: dict[int, int] = {}
@@ -101,13 +101,13 @@ class Rewrite(ir.passes.FunctionalPass):
                 continue  # a runtime frees a tensor after its last consumer: the order says it all
             if isinstance(event, Copy):
                 for tensor, producer in handed[event.op]:
-                    emitter.copy(tensor, producer, event.source, event.target, step)
+                    writer.copy(tensor, producer, event.source, event.target, step)
                 continue
             k = instances.get(event.op, 0)
             instances[event.op] = k + 1
             role = self.opmap.role(event.op) if k == 0 else "recompute"
             for name in self.opmap.node_names[event.op]:
-                emitter.emit(nodes[name], k, role, event.device, step)
+                writer.emit(nodes[name], k, role, event.device, step)
 
 
 def ir_version_for(model: ir.Model, devices: int = 1) -> int:
@@ -136,7 +136,7 @@ def _handed_over(nodes: list[ir.Node]) -> list[tuple[ir.Value, str]]:
             if value.name and (value.is_graph_output() or any(use.node not in inside for use in value.uses()))]
 
 
-class _Emitter:
+class _InstanceWriter:
     """Emits node instances, each reading the latest instance of its inputs on its device, and copies."""
 
     def __init__(self, device_names: tuple[str, ...], resident: set[ir.Value]):
@@ -250,20 +250,20 @@ def _like(value: ir.Value, source: ir.Value, name: str) -> None:
     value.shape = source.shape
 
 
-def _assemble(model: ir.Model, emitter: _Emitter, needed: set[ir.Value]) -> None:
+def _assemble(model: ir.Model, writer: _InstanceWriter, needed: set[ir.Value]) -> None:
     """`model`'s graph made of the emitted nodes, its outputs the last instances of theirs, less dead instances and
     unread optional outputs, partly read Splits sliced."""
     graph = model.graph
-    emitted = set(emitter.nodes)
+    emitted = set(writer.nodes)
     for node in graph:
         if node not in emitted:  # an operator the schedule never computes
             _detach(node)
     graph.remove(list(graph))
-    graph.extend(emitter.nodes)
-    _outputs_on_last_instances(graph, emitter.last)
-    tags = emitter.tags
-    _remove_dead_instances(graph, tags, emitter.origin, needed)
-    _drop_unread_optional_outputs(graph, tags, _opsets(model), emitter.origin, needed)
+    graph.extend(writer.nodes)
+    _outputs_on_last_instances(graph, writer.last)
+    tags = writer.tags
+    _remove_dead_instances(graph, tags, writer.origin, needed)
+    _drop_unread_optional_outputs(graph, tags, _opsets(model), writer.origin, needed)
     slice_partly_read_splits(graph)
 
 

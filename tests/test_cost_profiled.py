@@ -169,10 +169,10 @@ def test_in_graph_costs_order_operators_by_work(in_graph, devices):
     assert in_graph.copy_seconds_per_byte[0][1] > 0 and in_graph.copy_fixed_seconds[1][0] > 0
 
 
-def test_in_graph_is_cached_apart_from_isolated(model, devices):
+def test_in_graph_is_cached_apart_from_profiled(model, devices):
     groups = [tuple(g) for g in GROUPS]
-    isolated = cost_profiled.cache_key(*on_ir(model), groups, devices, 5)
-    assert cost_profiled.cache_key(*on_ir(model), groups, devices, 5, "in-graph") != isolated
+    alone = cost_profiled.cache_key(*on_ir(model), groups, devices, 5)
+    assert cost_profiled.cache_key(*on_ir(model), groups, devices, 5, "in-graph") != alone
     with pytest.raises(ValueError, match="unknown profiling method"):
         profile_costs(*on_ir(model), groups, devices, method="guess")
 

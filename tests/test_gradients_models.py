@@ -28,7 +28,7 @@ from torch_oracle import leaves, loss_value, reference, run_forward, tensor
 from onnx_remat.errors import UsageError
 from onnx_remat.models import FIXTURES, MODELS
 from onnx_remat.passes.autodiff import TrainingGraph
-from onnx_remat.passes.layers import check_topological, training_groups
+from onnx_remat.passes.operator_groups import check_topological, training_groups
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from real_models import to_double  # noqa: E402

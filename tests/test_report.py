@@ -14,7 +14,7 @@ import onnx_remat
 from onnx_remat.netron import SIGNATURE, attachment_bytes, default_path
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve import solve
-from onnx_remat.plan import build_report
+from onnx_remat.report_builder import build_report
 
 
 def offloading() -> tuple:

@@ -16,8 +16,14 @@ from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss
 from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
-from onnx_remat.passes.autodiff.prepare import infer, ir_version_for, make_trainable, prepared_copy, reject_training
 from onnx_remat.passes.autodiff.rules import RULES, Rule
+from onnx_remat.passes.autodiff.training_form import (
+    infer,
+    ir_version_for,
+    make_trainable,
+    reject_training,
+    training_form_copy,
+)
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 from onnx_remat.passes.manager import named, without_weights
 from onnx_remat.passes.shapes import WEIGHT_BYTES
@@ -63,7 +69,7 @@ class BuildTrainingStep(ir.passes.FunctionalPass):
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _GradientPaths:
     """Which tensors carry gradients and which nodes the backward pass visits."""
 
     parameters: tuple[ir.Value, ...]
@@ -77,24 +83,24 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
     ops of the model's opset; with `optimizer="sgd"` also each parameter's updated value
     `<param>.updated = param - lr * grad.<param>`."""
     check_optimizer(optimizer, lr)
-    model = prepared_copy(model)
+    model = training_form_copy(model)
     if any(n.op_type in RECURRENT_OPS for n in model.graph):
         unroll_recurrences(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, infer(model))
     info = infer(model)
-    plan = _plan(model, info, frozen)
-    backward = _Backward(model, info, plan)
+    paths = _gradient_paths(model, info, frozen)
+    backward = _Backward(model, info, paths)
     backward.run()
-    gradients = _finish(model, info, stats, plan.parameters, backward)
+    gradients = _finish(model, info, stats, paths.parameters, backward)
     updates: tuple[str, ...] = ()
     if optimizer == "sgd":
-        backward.add_steps(add_sgd(model.graph, plan.parameters, gradients, lr))
-        updates = tuple(updated_name(named(p)) for p in plan.parameters)
+        backward.add_steps(add_sgd(model.graph, paths.parameters, gradients, lr))
+        updates = tuple(updated_name(named(p)) for p in paths.parameters)
     model.ir_version = ir_version_for(model)
     groups = {name: tuple(nodes) for name, nodes in backward.groups.items()}
-    return TrainingGraph(model, groups, tuple(named(p) for p in plan.parameters), tuple(named(g) for g in gradients),
+    return TrainingGraph(model, groups, tuple(named(p) for p in paths.parameters), tuple(named(g) for g in gradients),
                          tuple(named(s) for s in stats), updates=updates)
 
 
@@ -123,7 +129,7 @@ def _loss(model: ir.Model) -> ir.Value:
     return next(output for output in model.graph.outputs if output.name == LOSS)
 
 
-def _plan(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Plan:
+def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _GradientPaths:
     """Find the trainable parameters and the nodes on their paths to the loss; ModelError if none or no rule."""
     graph = model.graph
     candidates = [v for name, v in graph.initializers.items() if info.is_float(v) and name not in frozen]
@@ -149,7 +155,7 @@ def _plan(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Plan:
     if not parameters:
         raise ModelError(f"no trainable parameters: none of the {len(candidates)} unfrozen float initializers "
                          "reaches the loss through floating-point tensors (all frozen, or an integer-only path?)")
-    return _Plan(parameters, frozenset(requires), frozenset(active))
+    return _GradientPaths(parameters, frozenset(requires), frozenset(active))
 
 
 def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.Value],
@@ -178,12 +184,12 @@ def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.
 class _Backward:
     """Walks the forward nodes in reverse, emitting each one's gradient nodes as its own group."""
 
-    def __init__(self, model: ir.Model, info: GraphInfo, plan: _Plan) -> None:
+    def __init__(self, model: ir.Model, info: GraphInfo, paths: _GradientPaths) -> None:
         graph = model.graph
         self.forward = list(graph)
         self.loss = _loss(model)
         self.info = info
-        self.plan = plan
+        self.paths = paths
         taken = {named(n) for n in self.forward} | {v.name for n in self.forward for v in [*n.inputs, *n.outputs]
                                                      if v is not None and v.name}
         taken |= {v.name for v in [*graph.inputs, *graph.outputs] if v.name} | set(graph.initializers)
@@ -200,10 +206,10 @@ class _Backward:
         done: dict[str, list[ir.Value]] = defaultdict(list)
         seen: set[ir.Value] = set()
         for node in self.forward:
-            if node not in self.plan.active:
+            if node not in self.paths.active:
                 continue
-            for param in _differentiable(node, self.plan.requires):
-                if param in self.plan.parameters and param not in seen:
+            for param in _differentiable(node, self.paths.requires):
+                if param in self.paths.parameters and param not in seen:
                     seen.add(param)
                     done[named(node)].append(param)
         return done
@@ -222,7 +228,7 @@ class _Backward:
         self._contribute(self.loss, e.scalar(1.0))
         self._record(e, 0)
         for node in reversed(self.forward):
-            if node in self.plan.active:
+            if node in self.paths.active:
                 self._visit(node)
 
     def _visit(self, node: ir.Node) -> None:
@@ -232,7 +238,7 @@ class _Backward:
         e = self.emitter(named(node), self.info.np_dtype(carrying[0]))
         rule = RULES[node.op_type]
         dys = self._output_grads(e, node, rule)
-        needs = [i is not None and i in self.plan.requires and rule.differentiates(pos)
+        needs = [i is not None and i in self.paths.requires and rule.differentiates(pos)
                  for pos, i in enumerate(node.inputs)]
         for pos, grad in rule.fn(e, node, dys, needs).items():
             value = node.inputs[pos]

@@ -22,7 +22,7 @@ TRAINING_OPS = frozenset({
 })
 
 
-def prepared_copy(model: ir.Model) -> ir.Model:
+def training_form_copy(model: ir.Model) -> ir.Model:
     """A copy at the model's opset (at least 14) with every node uniquely named; ModelError if it already is a
     training model."""
     model = _at_least_min_opset(model)

@@ -1,4 +1,4 @@
-"""Turn a solved problem into the readable plan: what is recomputed, what is copied, each device's time and peak.
+"""Build the report of a solved problem: what is recomputed, what is copied, each device's time and peak.
 
 Kept apart from the pipeline so that every caller (the main command, sweeps, the max-batch search) reports
 a schedule the same way, and apart from `report` so that the report stays plain data.

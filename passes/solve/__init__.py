@@ -65,10 +65,8 @@ the backend overrunning its own limit (HiGHS: up to a second, measured; in its c
 after the deadline timer)."""
 
 
-STOPS_AT_BOUND = ("highs",)
-"""Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CP-SAT: its worker stopped right
-after reporting a solution aborts now and then (std::bad_function_call) and loses it (5 of 16 runs on a two-operator
-problem, measured); not CBC: a stop does not stop it."""
+STOPS_AT_BOUND = ("highs", "cpsat")
+"""Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CBC: a stop does not stop it."""
 
 OPTIMALITY_GAP = 2e-6
 """Relative gap at which a schedule counts as optimal: the backends' own (HiGHS's mip_rel_gap), and the memory-cut

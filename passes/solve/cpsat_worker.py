@@ -182,13 +182,13 @@ def steps_of(solver: cp_model.CpSolver, ops: list[list[Computation]]) -> np.ndar
     return np.array([v for _, v in sorted(done)], dtype=np.int64)
 
 
-def _add_hint(model: cp_model.CpModel, ops: list[list[Computation]], hint: list[int]) -> None:
-    """Hint the computations of a known schedule (its operators in execution order), if one was given."""
+def _add_hint(model: cp_model.CpModel, ops: list[list[Computation]], hint: list[list[int]]) -> None:
+    """Hint the computations of a known schedule (its (operator, stage) pairs in execution order), if one was given."""
     seen = [0] * len(ops)
-    for step, v in enumerate(hint):
+    for v, stage in hint:
         if seen[v] < len(ops[v]):
             c = ops[v][seen[v]]
-            model.add_hint(c.start, step)
+            model.add_hint(c.start, event(v, stage))
             if seen[v] > 0:
                 model.add_hint(c.present, True)
             seen[v] += 1

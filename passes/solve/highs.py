@@ -38,14 +38,13 @@ def solve_highs(
     gaps: tuple[float, float] = (1e-4, 1e-6),
     stop: threading.Event | None = None,
     in_process: bool | None = None,
-    threads: int = 2,
 ) -> MilpOutcome:
-    """Solve with HiGHS on `threads` threads; `gaps` are the relative and absolute MIP gaps to stop at.
+    """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
 
     Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far), within
     about a second. `in_process` forces where HiGHS runs (default: by the model's size)."""
     deadline = None if time_limit is None else time.time() + time_limit
-    options = {"threads": threads, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1]}
+    options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1]}
     stop = stop or threading.Event()
     if in_process is None:
         in_process = milp.matrix.nnz <= IN_PROCESS_NONZEROS

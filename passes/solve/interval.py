@@ -55,7 +55,7 @@ def problem_arrays(
         "capacity": np.array(problem.budgets[0] - problem.resident_bytes[0], dtype=np.int64),
         "edges": np.array(problem.edges, dtype=np.int64).reshape(-1, 2),
         "outputs": np.array(problem.graph_outputs, dtype=np.int64),
-        "hint": np.array([] if hint is None else [c.op for c in hint.computes], dtype=np.int64),
+        "hint": np.array([(c.op, c.stage) for c in hint.computes] if hint else [], dtype=np.int64).reshape(-1, 2),
         "parameter_names": np.array(list(parameters)),
         "parameter_values": np.array(list(parameters.values()), dtype=float),
     }

@@ -26,11 +26,6 @@ COPIES = 3
 U-Net's optimum in 9 s with 3, 15 s with 4; a 16-operator training chain's in 0.9 s with 3; a 16-operator U-Net needs
 more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add."""
 
-HIGHS_THREADS = 1
-"""HiGHS's threads beside CP-SAT's 2 workers, on 2 cores: a 41-operator chain at 80% of its peak solved in 3.44 and
-3.81 s with 1, 4.33 and 3.86 s with 2 (interleaved, load average 9; measured)."""
-
-
 @dataclass(frozen=True)
 class Race:
     """What each side of the portfolio found; `exact`: the interval model had as many computations per operator as
@@ -71,7 +66,7 @@ def race(
     thread = threading.Thread(target=intervals, daemon=True)
     thread.start()
     try:
-        outcome = solve_highs(milp, time_limit, warm[0], reports[0], gaps, stop, threads=HIGHS_THREADS)
+        outcome = solve_highs(milp, time_limit, warm[0], reports[0], gaps, stop)
     except BaseException:
         stop.set()
         thread.join()

@@ -1,7 +1,8 @@
 """The solver: Checkmate's MILP on any number of devices, on a chosen backend, never worse than the baselines.
 
 `solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
-and the eviction heuristic; with several devices also each device solved alone), runs the backend and checks
+and the eviction heuristic; with several devices also each device solved alone), runs the backend ("auto" on one
+device: HiGHS and CP-SAT on retention intervals at once, portfolio.py) and checks
 the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
 and the best heuristic schedule is the answer. Before the backend runs, the memory-cut bound (lower_bound.py) is
 proven, which spares the backend where it shows the heuristics' schedule optimal; the stated bound is the
@@ -290,7 +291,10 @@ def _race(
     other = found.intervals.schedule
     if other is not None and (schedule is None or _cost(problem, other) < _cost(problem, schedule)):
         schedule = other
-        status = SolveStatus.OPTIMAL if found.exact and found.intervals.status == SolveStatus.OPTIMAL else status
+        if found.exact and found.intervals.status == SolveStatus.OPTIMAL:
+            status = SolveStatus.OPTIMAL
+        elif status == SolveStatus.HEURISTIC:  # HiGHS found nothing, CP-SAT did: a search's result, not a heuristic's
+            status = SolveStatus.TIME_LIMIT
     if any(watch.reached for watch in watches) and status == SolveStatus.INTERRUPTED:
         status = SolveStatus.OPTIMAL if _proven(problem, schedule, proven_bound or 0.0) else SolveStatus.TIME_LIMIT
     return schedule, status, bound

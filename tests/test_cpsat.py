@@ -1,4 +1,5 @@
-"""CP-SAT on the same MILP: optima equal to the brute force and HiGHS on one and two devices, stopping, progress."""
+"""CP-SAT on the same MILP: optima equal to the brute force and HiGHS on one and two devices, stopping, progress; CP-SAT
+on the interval model and the portfolio: optima equal to the brute force and HiGHS."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from test_multidevice import checked, two_device_problems
 from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, unet, with_budget
 
 from onnx_remat.errors import InfeasibleBudgetError
-from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
 from onnx_remat.passes.solve.cpsat import solve_cpsat
+from onnx_remat.passes.solve.interval import solve_intervals
+from onnx_remat.passes.solve.portfolio import COPIES
 from onnx_remat.problem import Problem
 
 QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,3 +91,49 @@ def test_stop_returns_the_best_solution_so_far_and_progress_is_reported():
     outcome = solve_cpsat(model.milp, LONG, warm, report_then_stop, stop=stop)
     assert outcome.status == "interrupted" and outcome.x is not None
     assert reports and reports[-1][2] is not None
+
+
+@pytest.mark.parametrize("run", range(8))
+def test_stopped_at_its_first_solution_returns_it(run: int):
+    """Stopped as its first solution is reported, on a problem proven about as fast: the worker hands the solution
+    back whichever comes first (with a SIGINT, CP-SAT's own handler aborted it in 4 of 16 such runs)."""
+    problem = with_budget(training_chain(1), 10**12)
+    stop = threading.Event()
+
+    def stop_at_solution(seconds: float, incumbent: float | None, bound: float | None) -> None:
+        if incumbent is not None:
+            stop.set()
+
+    outcome = solve_cpsat(build_model(problem).milp, LONG, None, stop_at_solution, stop=stop)
+    assert outcome.x is not None and outcome.status in ("interrupted", "optimal")
+
+
+@QUICK
+@given(tiny_problems(max_ops=6), st.floats(0.0, 1.0))
+def test_interval_model_with_every_copy_matches_brute_force(problem: Problem, fraction: float):
+    """With as many computations per operator as the MILP allows, the interval model is the MILP's form: the same
+    optimum as the brute force over it, and a schedule the simulator accepts at that cost within the budget."""
+    problem = between_minimum_and_keep_all(problem, fraction)
+    outcome = solve_intervals(problem, problem.num_ops, LONG)
+    assert outcome.status == "optimal" and outcome.schedule is not None
+    simulation = check_schedule(problem, outcome.schedule)
+    assert simulation.total_cost == pytest.approx(brute_force(problem, "cost", problem.budgets[0]))
+
+
+@QUICK
+@given(tiny_problems(max_ops=6), st.floats(0.0, 1.0))
+def test_portfolio_matches_brute_force(problem: Problem, fraction: float):
+    problem = between_minimum_and_keep_all(problem, fraction)
+    result = checked(problem, solve(problem, "auto"))
+    assert result.solver == "portfolio" and result.status == "optimal"
+    assert result.model_objective == pytest.approx(brute_force(problem, "cost", problem.budgets[0]))
+
+
+def test_interval_model_finds_the_milp_optimum_at_half_budget():
+    """On a 16-operator training chain at half its keep-all memory, 3 computations per operator reach the MILP's
+    optimum."""
+    problem = half_budget(training_chain(8))
+    intervals = solve_intervals(problem, COPIES, LONG, best_baseline(problem))
+    assert intervals.schedule is not None and intervals.schedule.recompute_count() > 0
+    cost = check_schedule(problem, intervals.schedule).total_cost
+    assert cost == pytest.approx(solve(problem, "highs", time_limit=LONG).model_objective)

@@ -17,7 +17,7 @@ from onnx_remat.devices import get_devices
 from onnx_remat.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import BACKENDS, SOLVERS, solve
+from onnx_remat.passes.solve import BACKENDS, PORTFOLIO, SOLVERS, solve
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     BASELINES,
@@ -306,7 +306,7 @@ def test_every_backend_passes_the_simulator_and_beats_every_fitting_baseline(pro
 def test_auto_picks_a_backend_and_says_which():
     problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
     result = solve(problem, "auto")
-    assert result.solver in BACKENDS and result.status == "optimal"
+    assert result.solver in (*BACKENDS, PORTFOLIO) and result.status == "optimal"
     assert result.objective == pytest.approx(solve(problem, "cbc").objective)
 
 

@@ -1,7 +1,8 @@
 """The solver: Checkmate's MILP on any number of devices, on a chosen backend, never worse than the baselines.
 
 `solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
-and the eviction heuristic; with several devices also each device solved alone), runs the backend and checks
+and the eviction heuristic; with several devices also each device solved alone), runs the backend ("auto" on one
+device: HiGHS and CP-SAT on retention intervals at once, portfolio.py) and checks
 the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
 and the best heuristic schedule is the answer. Before the backend runs, the memory-cut bound (lower_bound.py) is
 proven, which spares the backend where it shows the heuristics' schedule optimal; the stated bound is the
@@ -20,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
+
+import numpy as np
 
 from onnx_remat.budget import below_minimum
 from onnx_remat.errors import RematError, SolverError, UsageError
@@ -41,6 +44,7 @@ from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
+from onnx_remat.passes.solve.portfolio import race
 from onnx_remat.passes.solve.proven import StopAtBound, meets
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
@@ -58,10 +62,11 @@ the backend overrunning its own limit (HiGHS: up to a second, measured; in its c
 after the deadline timer)."""
 
 
-STOPS_AT_BOUND = ("highs",)
-"""Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CP-SAT: its worker stopped right
-after reporting a solution aborts now and then (std::bad_function_call) and loses it (5 of 16 runs on a two-operator
-problem, measured); not CBC: a stop does not stop it."""
+PORTFOLIO = "portfolio"
+"""The name "auto" resolves to on one device, reported as the solver: HiGHS and CP-SAT on intervals at once."""
+
+STOPS_AT_BOUND = ("highs", "cpsat", PORTFOLIO)
+"""Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CBC: a stop does not stop it."""
 
 OPTIMALITY_GAP = 2e-6
 """Relative gap at which a schedule counts as optimal: the backends' own (HiGHS's mip_rel_gap), and the memory-cut
@@ -88,9 +93,10 @@ def _reserve(time_limit: float) -> float:
 
 
 def choose_backend(problem: Problem) -> str:
-    """The backend "auto" runs: HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than
-    CP-SAT (docs/measurements.md)."""
-    return "highs"
+    """The backend "auto" runs: on one device the portfolio of HiGHS and CP-SAT on intervals (portfolio.py), on
+    several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than CP-SAT on the MILP
+    (docs/measurements.md)."""
+    return PORTFOLIO if problem.num_devices == 1 else "highs"
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,8 @@ def _solve_frontier(
     remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
     remaining = None if remaining is None else max(0.01, remaining)
     report = _scaled(progress, model, start)
+    if solver == PORTFOLIO:
+        return _race(problem, model, remaining, (warm, incumbent), progress, stop, start, proven_bound)
     if proven_bound is not None and solver in STOPS_AT_BOUND:
         report = StopAtBound(proven_bound, model.objective_unit, OPTIMALITY_GAP, stop, report)
     outcome = BACKENDS[solver](model.milp, remaining, warm, report, gaps=(OPTIMALITY_GAP, 1e-6), stop=stop)
@@ -249,6 +257,39 @@ def _solve_frontier(
     schedule, status = _pick(problem, model, outcome, incumbent)
     if isinstance(report, StopAtBound) and report.reached and status == SolveStatus.INTERRUPTED:
         status = SolveStatus.OPTIMAL if _proven(problem, schedule, report.bound) else SolveStatus.TIME_LIMIT
+    return schedule, status, bound
+
+
+def _race(
+    problem: Problem,
+    model: CheckmateModel,
+    remaining: float | None,
+    warm: tuple[np.ndarray | None, Schedule | None],
+    progress: Progress | None,
+    stop: threading.Event,
+    start: float,
+    proven_bound: float | None,
+) -> tuple[Schedule | None, SolveStatus, float | None]:
+    """The portfolio's cheapest schedule (or the incumbent, warm[1]), the status and HiGHS's bound in seconds."""
+    milp_report: MilpProgress | None = _scaled(progress, model, start)
+    interval_report: MilpProgress | None = _since(progress, start)
+    watches: list[StopAtBound] = []
+    if proven_bound is not None:
+        watches = [StopAtBound(proven_bound, unit, OPTIMALITY_GAP, stop, r)
+                   for unit, r in ((model.objective_unit, milp_report), (1.0, interval_report))]
+        milp_report, interval_report = watches
+    found = race(problem, model.milp, remaining, warm, (milp_report, interval_report), (OPTIMALITY_GAP, 1e-6), stop)
+    bound = None if found.milp.bound is None else found.milp.bound * model.objective_unit
+    schedule, status = _pick(problem, model, found.milp, warm[1])
+    other = found.intervals.schedule
+    if other is not None and (schedule is None or _cost(problem, other) < _cost(problem, schedule)):
+        schedule = other
+        if found.exact and found.intervals.status == SolveStatus.OPTIMAL:
+            status = SolveStatus.OPTIMAL
+        elif status == SolveStatus.HEURISTIC:  # HiGHS found nothing, CP-SAT did: a search's result, not a heuristic's
+            status = SolveStatus.TIME_LIMIT
+    if any(watch.reached for watch in watches) and status == SolveStatus.INTERRUPTED:
+        status = SolveStatus.OPTIMAL if _proven(problem, schedule, proven_bound or 0.0) else SolveStatus.TIME_LIMIT
     return schedule, status, bound
 
 
@@ -292,6 +333,17 @@ def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> M
             None if incumbent is None else incumbent * unit,
             None if bound is None else bound * unit,
         )
+
+    return report
+
+
+def _since(progress: Progress | None, start: float) -> MilpProgress | None:
+    """A progress callback in seconds reporting wall time since `start` instead of its own."""
+    if progress is None:
+        return None
+
+    def report(_: float, incumbent: float | None, bound: float | None) -> None:
+        progress(time.perf_counter() - start, incumbent, bound)
 
     return report
 

@@ -2,11 +2,14 @@
 
 The backends that run out of process (CP-SAT, HiGHS on larger models) share these mechanics: the worker
 reads its model from a file, prints one line per progress report on stdout and writes its answer to a
-file. Setting `stop` sends it SIGINT, after which it should write its answer with the best it has; a worker
-that has not exited `grace` seconds later (HiGHS in a root LP, which checks no interrupt for tens of
-seconds) is killed, and the caller falls back to what it streamed. A second Ctrl-C in the parent
-(KeyboardInterrupt) kills the worker at once. On Linux a worker is also killed by the kernel when its parent
-dies, even by SIGKILL, so no solver outlives the command that started it.
+file. Setting `stop` closes the worker's stdin, which it reads in a thread, after which it should write its
+answer with the best it has; a worker that has not exited `grace` seconds later (HiGHS in a root LP, which
+checks no interrupt for tens of seconds) is killed, and the caller falls back to what it streamed. Workers
+ignore SIGINT, which a terminal's Ctrl-C sends them too: the parent decides (its first Ctrl-C stops them
+through the pipe, a second, KeyboardInterrupt, kills them at once). A pipe, not a signal: CP-SAT's own SIGINT
+handler, still installed as its search ends, aborted a worker signalled just then (std::bad_function_call, 4
+of 16 runs on a 5-operator problem stopped at its first solution; measured). On Linux a worker is also killed
+by the kernel when its parent dies, even by SIGKILL, so no solver outlives the command that started it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from pathlib import Path
 from onnx_remat.errors import SolverError
 
 GRACE = 5.0
-"""Seconds a worker has, after SIGINT, to write its answer and exit before it is killed: it usually takes well under
-one, but on a loaded machine CP-SAT took over one to stop and the best schedule found was lost."""
+"""Seconds a worker has, after its stdin closes, to write its answer and exit before it is killed: it usually takes
+well under one, but on a loaded machine CP-SAT took over one to stop and the best schedule found was lost."""
 
 PR_SET_PDEATHSIG = 1
 """prctl option: the signal the kernel sends a process when the thread that started it exits."""
@@ -63,7 +66,12 @@ def run_worker(
     command = [sys.executable, str(worker), *arguments]
     killed = threading.Event()
     with log.open("w") as errors, subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=errors, text=True, preexec_fn=_die_with_parent(os.getpid())
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        preexec_fn=_die_with_parent(os.getpid()),
     ) as child:
         threading.Thread(target=_stop_when, args=(stop, child, grace, killed), daemon=True).start()
         assert child.stdout is not None  # stdout=PIPE
@@ -81,11 +89,11 @@ def run_worker(
 
 
 def _stop_when(stop: threading.Event, child: subprocess.Popen, grace: float, killed: threading.Event) -> None:
-    """Send `child` SIGINT once `stop` is set and kill it if it is still running `grace` seconds later."""
+    """Close `child`'s stdin once `stop` is set and kill it if it is still running `grace` seconds later."""
     while child.poll() is None:
         if stop.wait(0.1):
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT)
+            assert child.stdin is not None  # stdin=PIPE
+            child.stdin.close()
             try:
                 child.wait(grace)
             except subprocess.TimeoutExpired:

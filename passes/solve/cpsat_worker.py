@@ -1,20 +1,33 @@
 """CP-SAT in its own process (see cpsat.py for why): python cpsat_worker.py MODEL.npz ANSWER.npz.
 
-Reads the integer model written by cpsat.IntegerModel.save, solves it, prints "incumbent bound" (CP-SAT's
-integer units, nan when unknown) on stdout whenever either improves, and writes the status name, the
-values and the bound to ANSWER.npz. SIGINT stops the search with the best solution found so far. It
+Reads one of two models, solves it, prints "incumbent bound" (CP-SAT's integer units, nan when unknown) on stdout
+whenever either improves, and writes the status name, the values and the bound to ANSWER.npz:
+- the MILP's integer arrays (cpsat.IntegerModel.save); the values are the solution vector;
+- a single-device problem's arrays (interval.py), for Moccasin's formulation (ICML'23) on retention intervals:
+  operator v has up to copies[v] computations, each an optional interval from the step that computes it to the
+  last step that reads it; one computation per step, every reader's step inside an interval of each input, the
+  intervals' sizes within the free memory at every step (a cumulative), first computations in operator order (the
+  frontier-advancing form); the values are the operators computed, in execution order.
+Closing its stdin (child.py) stops the search with the best solution found
+so far; SIGINT is ignored, and CP-SAT's own SIGINT handler is off (catch_sigint_signal). It
 imports OR-Tools and numpy only, never onnx_remat (whose HiGHS cannot share the process).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
+
+STOP_EVERY = 0.05
+"""Seconds between the stop thread's calls to stop_search until the search has ended."""
 
 
 class Reporter(cp_model.CpSolverSolutionCallback):
@@ -32,7 +45,7 @@ class Reporter(cp_model.CpSolverSolutionCallback):
         print(self.incumbent, bound, flush=True)
 
 
-def build(data: np.lib.npyio.NpzFile) -> cp_model.CpModel:
+def build(data: dict[str, np.ndarray]) -> cp_model.CpModel:
     """The CP-SAT model of the arrays: variable domains, linear rows in CSR form, objective, hint."""
     model = cp_model.CpModel()
     proto = model.proto
@@ -53,29 +66,177 @@ def build(data: np.lib.npyio.NpzFile) -> cp_model.CpModel:
     return model
 
 
+@dataclass
+class Computation:
+    """One optional computation of an operator: whether it happens, its step, the last step it is held."""
+
+    present: cp_model.IntVar
+    start: cp_model.IntVar
+    end: cp_model.IntVar
+
+
+def event(op: int, stage: int) -> int:
+    """The step of computing `op` in `stage`: stage s holds a step for each operator up to s, in operator order (the
+    MILP's frontier-advancing form, Moccasin's use_stage), so distinct computations never share a step."""
+    return stage * (stage + 1) // 2 + op
+
+
+def computations(model: cp_model.CpModel, copies: list[int]) -> list[list[Computation]]:
+    """Each operator's computations: the first present and the last step of stage v, each later one in a later
+    stage, after its predecessor is freed."""
+    n = len(copies)
+    horizon = n * (n + 1) // 2
+    ops: list[list[Computation]] = []
+    for v, count in enumerate(copies):
+        own: list[Computation] = []
+        for i in range(count):
+            present = model.new_constant(1) if i == 0 else model.new_bool_var("")
+            steps = [event(v, v)] if i == 0 else [event(v, stage) for stage in range(v + 1 + (i - 1), n)]
+            start = model.new_int_var_from_domain(cp_model.Domain.from_values(steps), "")
+            end = model.new_int_var(steps[0] + 1, horizon, "")
+            if i > 0:
+                model.add_implication(present, own[-1].present)
+                model.add(start >= own[-1].end).only_enforce_if(present)
+            own.append(Computation(present, start, end))
+        ops.append(own)
+    return ops
+
+
+def build_intervals(data: dict[str, np.ndarray]) -> tuple[cp_model.CpModel, list[list[Computation]]]:
+    """The interval model of the problem arrays, minimizing the (integer-scaled) cost of recomputations."""
+    model = cp_model.CpModel()
+    ops = computations(model, data["copies"].tolist())
+    edges = data["edges"].tolist()
+    _inputs_held(model, ops, edges)
+    _recomputations_read(model, ops, edges, set(data["outputs"].tolist()))
+    _memory(model, ops, data)
+    _outputs_kept(model, ops, data["outputs"].tolist(), len(ops) * (len(ops) + 1) // 2)
+    costs = data["costs"].tolist()
+    model.minimize(sum(costs[v] * c.present for v, own in enumerate(ops) for c in own[1:]))
+    _add_hint(model, ops, data["hint"].tolist())
+    return model, ops
+
+
+def _inputs_held(model: cp_model.CpModel, ops: list[list[Computation]], edges: list[list[int]]) -> None:
+    """Every computation of v reads, for each input u, a computation of u started before it and held through it."""
+    for u, v in edges:
+        for reader in ops[v]:
+            serving = []
+            for source in ops[u]:
+                serves = model.new_bool_var("")
+                model.add_implication(serves, source.present)
+                model.add(source.start < reader.start).only_enforce_if(serves)
+                model.add(source.end > reader.start).only_enforce_if(serves)
+                serving.append(serves)
+            model.add_bool_or(serving).only_enforce_if(reader.present)
+
+
+def _recomputations_read(
+    model: cp_model.CpModel, ops: list[list[Computation]], edges: list[list[int]], outputs: set[int]
+) -> None:
+    """A recomputation of an operator that is no graph output is held until some reader runs (else it only costs):
+    a valid inequality that prunes the search (Moccasin's "tighten")."""
+    readers: list[list[int]] = [[] for _ in ops]
+    for u, v in edges:
+        readers[u].append(v)
+    for u, own in enumerate(ops):
+        if u in outputs or not readers[u]:
+            continue
+        for c in own[1:]:
+            flags = []
+            for v in readers[u]:
+                for r in ops[v]:
+                    flag = model.new_bool_var("")
+                    model.add_implication(flag, r.present)
+                    model.add(r.start > c.start).only_enforce_if(flag)
+                    model.add(r.start < c.end).only_enforce_if(flag)
+                    flags.append(flag)
+            model.add_bool_or(flags).only_enforce_if(c.present)
+
+
+def _memory(model: cp_model.CpModel, ops: list[list[Computation]], data: dict[str, np.ndarray]) -> None:
+    """The outputs held, and the running operator's workspace, within the capacity at every step."""
+    held, sizes = [], []
+    for v, own in enumerate(ops):
+        for c in own:
+            length = model.new_int_var(1, len(ops) * (len(ops) + 1) // 2, "")
+            held.append(model.new_optional_interval_var(c.start, length, c.end, c.present, ""))
+            sizes.append(int(data["sizes"][v]))
+            if data["workspace"][v] > 0:
+                held.append(model.new_optional_fixed_size_interval_var(c.start, 1, c.present, ""))
+                sizes.append(int(data["workspace"][v]))
+    model.add_cumulative(held, sizes, int(data["capacity"]))
+
+
+def _outputs_kept(model: cp_model.CpModel, ops: list[list[Computation]], outputs: list[int], horizon: int) -> None:
+    """A graph output's last computation is held to the end."""
+    for v in outputs:
+        for i, c in enumerate(ops[v]):
+            last = [c.present] + ([ops[v][i + 1].present.Not()] if i + 1 < len(ops[v]) else [])
+            model.add(c.end == horizon).only_enforce_if(last)
+
+
+def steps_of(solver: cp_model.CpSolver, ops: list[list[Computation]]) -> np.ndarray:
+    """The operators of the solution's computations in execution order."""
+    done = [(solver.value(c.start), v) for v, own in enumerate(ops) for c in own if solver.boolean_value(c.present)]
+    return np.array([v for _, v in sorted(done)], dtype=np.int64)
+
+
+def _add_hint(model: cp_model.CpModel, ops: list[list[Computation]], hint: list[list[int]]) -> None:
+    """Hint the computations of a known schedule (its (operator, stage) pairs in execution order), if one was given."""
+    seen = [0] * len(ops)
+    for v, stage in hint:
+        if seen[v] < len(ops[v]):
+            c = ops[v][seen[v]]
+            model.add_hint(c.start, event(v, stage))
+            if seen[v] > 0:
+                model.add_hint(c.present, True)
+            seen[v] += 1
+    for v, own in enumerate(ops):
+        for c in own[max(1, seen[v]) :]:
+            model.add_hint(c.present, False)
+
+
 def main(given: str, answer: str) -> None:
-    """Solve the model in `given` and write the answer to `answer`."""
+    """Solve the model in `given` (the MILP's arrays, or with "copies" the interval model's) and write the answer."""
     start = time.perf_counter()
     solver = cp_model.CpSolver()
-    stopped: list[bool] = []
-
-    def stop(signum: int, frame: object) -> None:
-        stopped.append(True)
-        solver.stop_search()
-
-    signal.signal(signal.SIGINT, stop)
-    with np.load(given) as data:
-        model = build(data)
-        for name, value in zip(data["parameter_names"].tolist(), data["parameter_values"].tolist(), strict=True):
-            setattr(solver.parameters, name, type(getattr(solver.parameters, name))(value))
+    stopped, solved = threading.Event(), threading.Event()
+    _stop_at_eof(solver, stopped, solved)
+    with np.load(given) as found:
+        data = {name: found[name] for name in found.files}
+    intervals = "copies" in data
+    model, ops = build_intervals(data) if intervals else (build(data), [])
+    for name, value in zip(data["parameter_names"].tolist(), data["parameter_values"].tolist(), strict=True):
+        setattr(solver.parameters, name, type(getattr(solver.parameters, name))(value))
+    solver.parameters.catch_sigint_signal = False
     remaining = solver.parameters.max_time_in_seconds - (time.perf_counter() - start)
-    solver.parameters.max_time_in_seconds = 0.0 if stopped else max(0.01, remaining)
+    solver.parameters.max_time_in_seconds = 0.0 if stopped.is_set() else max(0.01, remaining)
     reporter = Reporter()
     solver.best_bound_callback = reporter.report
     status = solver.solve(model, reporter)
-    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    values = np.array(solver.response_proto.solution if found else [], dtype=np.int64)
+    solved.set()
+    found_one = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    values = np.array(solver.response_proto.solution if found_one else [], dtype=np.int64)
+    if intervals and found_one:
+        values = steps_of(solver, ops)
     np.savez(answer, status=solver.status_name(status), values=values, bound=solver.best_objective_bound)
+
+
+def _stop_at_eof(solver: cp_model.CpSolver, stopped: threading.Event, solved: threading.Event) -> None:
+    """Ignore SIGINT; once stdin closes set `stopped` and stop `solver`'s search, again every STOP_EVERY seconds
+    until `solved`: stop_search does nothing before the search starts, so one call could come too early."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def wait() -> None:
+        while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock breaks interpreter shutdown
+            pass
+        stopped.set()
+        while not solved.is_set():
+            solver.stop_search()
+            solved.wait(STOP_EVERY)
+
+    threading.Thread(target=wait, daemon=True).start()
 
 
 if __name__ == "__main__":

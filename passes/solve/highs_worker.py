@@ -4,7 +4,8 @@
 highs.py for why), it reads those arrays as highs.py saves them, prints "seconds incumbent bound" (model units, nan when
 unknown) on stdout at most every half second, writes every improving solution to BEST.npy beside
 ANSWER.npz (atomically, so a parent that must kill it still has the best found), and finally writes the
-status, the solution and the bound to ANSWER.npz. SIGINT interrupts HiGHS at its next callback. It imports
+status, the solution and the bound to ANSWER.npz. Closing its stdin (child.py) interrupts HiGHS at its next
+callback; SIGINT is ignored. It imports
 highspy and numpy only, never onnx_remat, so it starts quickly.
 """
 
@@ -168,7 +169,7 @@ def _subscribe(
 
 def main(given: str, answer: str) -> None:
     """Solve the model in `given`, streaming progress and improving solutions, and write the answer."""
-    stop = _stop_at_interrupt()
+    stop = _stop_at_eof()
     with np.load(given) as data:
         arrays = {name: data[name] for name in data.files}
     options = dict(zip(arrays.pop("option_names").tolist(), arrays.pop("option_values").tolist(), strict=True))
@@ -191,18 +192,15 @@ def main(given: str, answer: str) -> None:
     np.savez(answer, status=status, x=values, bound=math.nan if bound is None else bound)
 
 
-def _stop_at_interrupt() -> threading.Event:
-    """An event set at SIGINT, from a thread reading Python's signal wakeup pipe: Python's own handlers only
-    run once the main thread runs Python again, which HiGHS in a root LP may not let it do for tens of
-    seconds, but the wakeup byte is written at once, whichever thread the signal lands on."""
+def _stop_at_eof() -> threading.Event:
+    """An event set once stdin closes (the parent's stop, child.py), from a thread: the main thread is in HiGHS,
+    which in a root LP may not run Python for tens of seconds. SIGINT is ignored: the parent handles Ctrl-C."""
     stop = threading.Event()
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def wait() -> None:
-        os.read(read, 1)
+        while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock breaks interpreter shutdown
+            pass
         stop.set()
 
     threading.Thread(target=wait, daemon=True).start()

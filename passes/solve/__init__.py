@@ -49,7 +49,7 @@ from onnx_remat.passes.solve.proven import StopAtBound, meets
 from onnx_remat.problem import Problem
 from onnx_remat.schedule import Schedule
 
-Progress = Callable[[float, float | None, float | None], None]
+SolveProgress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
 BACKENDS: dict[str, Backend] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
@@ -126,7 +126,7 @@ def solve(
     problem: Problem,
     solver: str = "highs",
     time_limit: float | None = None,
-    progress: Progress | None = None,
+    progress: SolveProgress | None = None,
     hints: Sequence[Schedule] = (),
 ) -> SolveResult:
     """The cheapest schedule within every device's budget that `solver` finds within `time_limit` seconds.
@@ -228,7 +228,7 @@ def _solve_frontier(
     problem: Problem,
     solver: str,
     time_limit: float | None,
-    progress: Progress | None,
+    progress: SolveProgress | None,
     stop: threading.Event,
     incumbent: Schedule | None,
     start: float,
@@ -265,7 +265,7 @@ def _race(
     model: CheckmateModel,
     remaining: float | None,
     warm: tuple[np.ndarray | None, Schedule | None],
-    progress: Progress | None,
+    progress: SolveProgress | None,
     stop: threading.Event,
     start: float,
     proven_bound: float | None,
@@ -321,7 +321,7 @@ def _incumbent(
     return cheapest_fitting(problem, [*singles, *hints, *offloaded]), tuple(singles)
 
 
-def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
+def _scaled(progress: SolveProgress | None, model: CheckmateModel, start: float) -> MilpProgress | None:
     """A backend progress callback reporting wall time since `start` and values in seconds."""
     if progress is None:
         return None
@@ -337,7 +337,7 @@ def _scaled(progress: Progress | None, model: CheckmateModel, start: float) -> M
     return report
 
 
-def _since(progress: Progress | None, start: float) -> MilpProgress | None:
+def _since(progress: SolveProgress | None, start: float) -> MilpProgress | None:
     """A progress callback in seconds reporting wall time since `start` instead of its own."""
     if progress is None:
         return None

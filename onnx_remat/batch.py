@@ -16,9 +16,9 @@ from pathlib import Path
 
 import onnx
 
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import InfeasibleBudgetError, ModelError, SolverError
-from onnx_remat.options import DEFAULT_MAX_BATCH, RematOptions
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError, ModelError, SolverError
+from onnx_remat.core.options import DEFAULT_MAX_BATCH, RematOptions
 from onnx_remat.passes.load import load_model
 from onnx_remat.pipeline import CostedProblem, RematResult, SolvedProblem, costed, rewritten, solve_at
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnx_remat.budget import Budget
-from onnx_remat.devices import Device, budgets_by_name, get_devices, parse_device_budgets
-from onnx_remat.errors import ModelError, UsageError
-from onnx_remat.options import DEFAULT_REPEATS
+from onnx_remat.core.budget import Budget
+from onnx_remat.core.devices import Device, budgets_by_name, get_devices, parse_device_budgets
+from onnx_remat.core.errors import ModelError, UsageError
+from onnx_remat.core.options import DEFAULT_REPEATS
+from onnx_remat.core.tags import read_budgets
 from onnx_remat.passes import load
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.measure_devices import with_measured_peaks
 from onnx_remat.passes.run_devices import DeviceRun, build_plan, execute
-from onnx_remat.tags import read_budgets
 
 
 def run_on_devices(

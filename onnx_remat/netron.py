@@ -16,11 +16,11 @@ from pathlib import Path
 
 import onnx
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Schedule
+from onnx_remat.core.tags import node_tags
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.problem import Problem
 from onnx_remat.report import Report
-from onnx_remat.schedule import Compute, Schedule
-from onnx_remat.tags import node_tags
 
 SIGNATURE = "netron:attachment"
 

@@ -18,13 +18,14 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnx_remat.budget import below_minimum, format_bytes
-from onnx_remat.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.errors import RematError, SolverError, UsageError, one_line
-from onnx_remat.files import check_outputs, write_together
-from onnx_remat.model_files import has_external_data, model_files
-from onnx_remat.opmap import OpMap
-from onnx_remat.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
+from onnx_remat.core.budget import below_minimum, format_bytes
+from onnx_remat.core.devices import BudgetSpec, Device, device_budgets, get_devices
+from onnx_remat.core.errors import RematError, SolverError, UsageError, one_line
+from onnx_remat.core.files import check_outputs, write_together
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Schedule
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
@@ -32,6 +33,7 @@ from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.manager import run_passes, to_proto
+from onnx_remat.passes.model_files import has_external_data, model_files
 from onnx_remat.passes.operator_groups import group_training_graph
 from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
@@ -42,12 +44,10 @@ from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import too_large, write_mps
 from onnx_remat.passes.workspace import workspace_bytes
-from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
 from onnx_remat.report import MeasuredChoice, Report
 from onnx_remat.report_builder import build_report
 from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
-from onnx_remat.schedule import Compute, Copy, Schedule
 
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""

@@ -19,11 +19,11 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from onnx_remat.errors import OutputError, UsageError
-from onnx_remat.files import write_atomically
+from onnx_remat.core.errors import OutputError, UsageError
+from onnx_remat.core.files import write_atomically
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Schedule
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Schedule
 from onnx_remat.sweep import Sweep, SweepPoint
 
 _T = TypeVar("_T")

@@ -35,9 +35,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from onnx_remat.errors import ModelError
-from onnx_remat.files import write_atomically
-from onnx_remat.problem import Problem
+from onnx_remat.core.errors import ModelError
+from onnx_remat.core.files import write_atomically
+from onnx_remat.core.problem import Problem
 
 FORMAT = "onnx-remat-problem"
 VERSION = 1

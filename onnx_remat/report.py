@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from onnx_remat.budget import format_bytes
+from onnx_remat.core.budget import format_bytes
 
 SUMMARY_ROWS = 8
 """How many recomputations and copies the summary lists; the JSON report has them all."""

@@ -6,12 +6,12 @@ a schedule the same way, and apart from `report` so that the report stays plain 
 
 from __future__ import annotations
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import Simulation
 from onnx_remat.passes.solve import SolveResult
 from onnx_remat.passes.solve.baselines import simulated_baselines
-from onnx_remat.problem import Problem
 from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputation, Report, SolverSummary
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 
 def build_report(

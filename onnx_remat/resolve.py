@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from onnx_remat.budget import Budget, below_minimum, format_bytes
-from onnx_remat.errors import InfeasibleBudgetError
-from onnx_remat.options import MINIMUM_SECONDS
+from onnx_remat.core.budget import Budget, below_minimum, format_bytes
+from onnx_remat.core.errors import InfeasibleBudgetError
+from onnx_remat.core.options import MINIMUM_SECONDS
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_lower_bound
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Schedule
 
 
 class Minima:

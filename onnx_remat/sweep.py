@@ -14,11 +14,11 @@ from pathlib import Path
 
 import onnx
 
-from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.devices import Device, get_devices
-from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.budget import Budget, parse_budget
+from onnx_remat.core.devices import Device, get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, RematOptions
 from onnx_remat.execution import run_on_devices
-from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, RematOptions
 from onnx_remat.passes.measure import measure_activation_peak
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.pipeline import RematResult, costed, rewritten, solve_at

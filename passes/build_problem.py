@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from onnx_remat.opmap import OpMap
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.sizes import TensorInfo
-from onnx_remat.problem import Problem
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
 NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]

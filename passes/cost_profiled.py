@@ -57,14 +57,14 @@ import onnxruntime as ort
 import openvino as ov
 from onnx import helper, numpy_helper
 
-from onnx_remat.devices import Device
-from onnx_remat.errors import ModelError, RematWarning, one_line
+from onnx_remat.core.devices import Device
+from onnx_remat.core.errors import ModelError, RematWarning, one_line
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.build_problem import constant_values
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.manager import name_of, named, to_proto
 from onnx_remat.passes.runtimes import Runtime, runtime_for
 from onnx_remat.passes.sizes import TensorInfo
-from onnx_remat.problem import Problem
 
 MeasureProgress = Callable[[int, int, str], None]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError, UsageError, one_line
-from onnx_remat.model_files import read_model
+from onnx_remat.core.errors import ModelError, UsageError, one_line
 from onnx_remat.passes.manager import named, root_cause, run_passes
+from onnx_remat.passes.model_files import read_model
 from onnx_remat.passes.sequences import SequenceReadsToSlices
 
 

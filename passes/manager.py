@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError, RematError, one_line
+from onnx_remat.core.errors import ModelError, RematError, one_line
 
 
 def run_passes(model: ir.Model, passes: Sequence[ir.passes.PassBase]) -> ir.Model:

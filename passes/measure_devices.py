@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_remat.devices import Device
+from onnx_remat.core.devices import Device
 from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime

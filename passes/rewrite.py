@@ -11,7 +11,7 @@ schedule's first computation: a schedule on one device of several then has no ha
 is carried by the last instance of its tensor (the first one is then renamed `<name>__remat0`), so onnxruntime
 need not hold a stale instance to the end; copies nobody reads are dropped.
 
-Every node says in `metadata_props` what it is (role, origin, device, step: the schema of `onnx_remat.tags`), and
+Every node says in `metadata_props` what it is (role, origin, device, step: the schema of `onnx_remat.core.tags`), and
 the model records each device's budget. With more than
 one device the model also carries the machine-readable placement of IR v11: `ModelProto.configuration` lists
 the devices, each node's `device_configurations` names the device index of every tensor it writes (a copy:
@@ -29,12 +29,12 @@ from collections.abc import Mapping
 import onnx_ir as ir
 from onnx import DeviceConfigurationProto, ModelProto, defs, helper
 
-from onnx_remat.opmap import OpMap
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
+from onnx_remat.core.tags import PRELUDE_STEP, NodeTags, node_tags, tag_entries, write_budgets
 from onnx_remat.passes.manager import named, to_proto
 from onnx_remat.passes.partial_split import slice_partly_read_splits
 from onnx_remat.passes.reads import inner_graphs, is_read, outer_uses, value_reads
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
-from onnx_remat.tags import PRELUDE_STEP, NodeTags, node_tags, tag_entries, write_budgets
 
 # Node metadata_props need IR >= 10, device configurations IR >= 11. onnxruntime 1.31 reads at most IR 13
 # (1.32 reads 14), OpenVINO 2026 14.

@@ -34,13 +34,13 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_remat.devices import Device
-from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.core.devices import Device
+from onnx_remat.core.errors import ModelError, UsageError
+from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
 from onnx_remat.passes.measure import predicted_activation_peak
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
-from onnx_remat.tags import PREFIX, PRELUDE_STEP, node_tags
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
 # Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several

@@ -32,7 +32,7 @@ import onnxruntime as ort
 import openvino as ov
 from onnx import helper
 
-from onnx_remat.devices import Device
+from onnx_remat.core.devices import Device
 from onnx_remat.passes.execute import session_options
 
 Values = dict[str, Any]

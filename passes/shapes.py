@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 from onnxscript.optimizer import fold_constants
 
-from onnx_remat.errors import ModelError, one_line
+from onnx_remat.core.errors import ModelError, one_line
 from onnx_remat.passes.manager import named, run_passes, to_proto, without_weights
 from onnx_remat.passes.sizes import is_concrete_value
 

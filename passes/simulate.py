@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from onnx_remat.errors import ScheduleError
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
+from onnx_remat.core.errors import ScheduleError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,14 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.budget import Budget
-from onnx_remat.options import COST_MODEL_VARIABLE
+from onnx_remat.core.budget import Budget
+from onnx_remat.core.options import COST_MODEL_VARIABLE
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
 from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.solve.baselines import on_device
 from onnx_remat.passes.solve.min_budget import minimum_budget
 from onnx_remat.pipeline import PreparedModel
-from onnx_remat.problem import Problem
 from onnx_remat.resolve import Minima, resolve_budgets
 
 # Tests that do not ask for a cost model get the roofline (commands run in child processes too): fast, and the same

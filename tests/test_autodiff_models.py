@@ -15,7 +15,7 @@ from conftest import step_as_proto
 from onnx import TensorProto, helper, numpy_helper
 from test_autodiff_rules import run_openvino, run_ort
 
-from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.core.errors import ModelError, UsageError
 
 TOLERANCE = 1e-4
 

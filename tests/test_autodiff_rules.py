@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import op_conv_transpose, op_erf
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff import RULES
 
 FD_TOLERANCE = 1e-6

@@ -6,10 +6,10 @@ import pytest
 from conftest import skip_net
 from test_multidevice import problem as multi_problem
 
-from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import UsageError
-from onnx_remat.options import MINIMUM_SECONDS
+from onnx_remat.core.budget import Budget, parse_budget
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import UsageError
+from onnx_remat.core.options import MINIMUM_SECONDS
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.baselines import BASELINES, placed_baselines, simulated_baselines
 from onnx_remat.passes.solve.min_budget import MinBudget

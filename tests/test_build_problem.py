@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.measure import held_before_run, predicted_activation_peak
 from onnx_remat.passes.rewrite import rewrite

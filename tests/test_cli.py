@@ -15,9 +15,9 @@ import pytest
 from conftest import conv_chain
 from onnx import TensorProto
 
-from onnx_remat.arguments import training_options
-from onnx_remat.cli import command_module, main
-from onnx_remat.options import TrainingOptions
+from onnx_remat.cli.arguments import training_options
+from onnx_remat.cli.main import command_module, main
+from onnx_remat.core.options import TrainingOptions
 from onnx_remat.passes.execute import random_feeds, run
 
 
@@ -45,7 +45,7 @@ def test_quiet_prints_nothing(capsys, chain_path, tmp_path):
 def test_console_script_is_installed(chain_path, tmp_path):
     out = tmp_path / "out.onnx"
     done = subprocess.run(
-        [sys.executable, "-m", "onnx_remat.cli", str(chain_path), str(out), "--budget", "100%"],
+        [sys.executable, "-m", "onnx_remat.cli.main", str(chain_path), str(out), "--budget", "100%"],
         capture_output=True, text=True, check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -161,7 +161,7 @@ def test_an_output_that_is_not_a_regular_file_is_refused_even_with_force(capsys,
 
 def test_a_failure_while_writing_leaves_no_output(capsys, chain_path, tmp_path, monkeypatch):
     """All or none: the report failing to be written takes the model with it, and no temporary file stays."""
-    import onnx_remat.files as files
+    import onnx_remat.core.files as files
 
     real_replace = os.replace
 

@@ -11,11 +11,11 @@ from onnx import TensorProto
 from onnx import helper as h
 
 import onnx_remat
-from onnx_remat.opmap import OpMap
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.schedule import Compute, Schedule
 from onnx_remat.passes.execute import run
 from onnx_remat.passes.reads import outer_reads, reads
 from onnx_remat.passes.rewrite import rewrite
-from onnx_remat.schedule import Compute, Schedule
 
 WIDTH = 256
 

@@ -15,8 +15,8 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.devices import preset
-from onnx_remat.errors import RematWarning
+from onnx_remat.core.devices import preset
+from onnx_remat.core.errors import RematWarning
 from onnx_remat.models import build
 from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.build_problem import build_problem

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from test_multidevice import checked, two_device_problems
 from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, unet, with_budget
 
-from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.core.errors import InfeasibleBudgetError
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
@@ -19,7 +20,6 @@ from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.interval import solve_intervals
 from onnx_remat.passes.solve.portfolio import COPIES
-from onnx_remat.problem import Problem
 
 QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import conv_chain
 
 import onnx_remat
-from onnx_remat.errors import UsageError
-from onnx_remat.options import COST_MODEL_VARIABLE
+from onnx_remat.core.errors import UsageError
+from onnx_remat.core.options import COST_MODEL_VARIABLE
 from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.pipeline import default_cost_model

@@ -5,8 +5,8 @@ from pathlib import Path
 import onnxruntime
 import pytest
 
-from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.devices import (
+from onnx_remat.core.budget import Budget, parse_budget
+from onnx_remat.core.devices import (
     PRESETS,
     Device,
     budgets_by_name,
@@ -16,7 +16,7 @@ from onnx_remat.devices import (
     parse_device_budgets,
     preset,
 )
-from onnx_remat.errors import UsageError
+from onnx_remat.core.errors import UsageError
 
 SHIPPED = Path(__file__).resolve().parent.parent / "devices"
 TWO_CPUS = """

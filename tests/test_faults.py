@@ -25,7 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_signals import ONNXRUNTIME_SESSION_FILE
 
-from onnx_remat.cli import main
+from onnx_remat.cli.main import main
 
 DOCUMENTED = {0, 2, 3, 4, 5, 6}
 """Exit codes the main command and `solve` may end with (1 and 7 are bugs; 8 is `run`'s; 130/143/129 signals)."""
@@ -171,7 +171,7 @@ def test_a_signal_at_a_random_moment_leaves_all_or_nothing(tmp_path, seed):
     outputs = [tmp_path / "out.onnx", tmp_path / "report.json", tmp_path / "out.netron.json"]
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    command = [sys.executable, "-m", "onnx_remat.entry", str(source), str(outputs[0]), "--mode", "train",
+    command = [sys.executable, "-m", "onnx_remat.cli.entry", str(source), str(outputs[0]), "--mode", "train",
                "--budget", "40%", "--time-limit", "6", "--report", str(outputs[1]), "--netron-attachment"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     signum = chance.choice([signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

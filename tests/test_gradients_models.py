@@ -25,7 +25,7 @@ from onnx.reference import ReferenceEvaluator
 from test_autodiff_rules import run_openvino, run_ort
 from torch_oracle import leaves, loss_value, reference, run_forward, tensor
 
-from onnx_remat.errors import UsageError
+from onnx_remat.core.errors import UsageError
 from onnx_remat.models import FIXTURES, MODELS
 from onnx_remat.passes.autodiff import TrainingGraph
 from onnx_remat.passes.operator_groups import check_topological, training_groups

@@ -12,8 +12,9 @@ from test_multidevice import two_device_problems
 from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, unet, with_budget
 
 from onnx_remat import models
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.cost_analytic import Roofline
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve import solve
@@ -22,7 +23,6 @@ from onnx_remat.passes.solve.lower_bound import cut_lower_bound
 from onnx_remat.passes.solve.min_budget import fits_equal_budget, minimum_equal_budget, step_bytes
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.pipeline import costed_problem, prepare
-from onnx_remat.problem import Problem
 
 MANY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,8 +12,8 @@ from conftest import conv_chain
 
 import onnx_remat
 from onnx_remat.batch import batch_inputs, max_batch
-from onnx_remat.cli import main
-from onnx_remat.errors import ModelError
+from onnx_remat.cli.main import main
+from onnx_remat.core.errors import ModelError
 
 BUDGET = 2**20
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import conv_chain
 from onnx.external_data_helper import uses_external_data
 
-from onnx_remat.cli import main
-from onnx_remat.model_files import SMALLEST_EXTERNAL, data_file
+from onnx_remat.cli.main import main
 from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.model_files import SMALLEST_EXTERNAL, data_file
 from onnx_remat.pipeline import remat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

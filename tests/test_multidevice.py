@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnx_remat.errors import InfeasibleBudgetError
+from onnx_remat.core.errors import InfeasibleBudgetError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.baselines import keep_all, on_device
 from onnx_remat.passes.solve.checkmate_milp import build_model, write_mps
 from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, minimum_equal_budget, step_bytes
 from onnx_remat.passes.solve.offload import offload
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy
 
 
 def problem(

@@ -11,9 +11,9 @@ import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
-from onnx_remat.budget import format_bytes
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.budget import format_bytes
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos

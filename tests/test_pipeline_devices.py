@@ -11,16 +11,16 @@ import pytest
 from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net, whole_gradient_groups
 
 import onnx_remat
-from onnx_remat.cli import main
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.cli.main import main
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.schedule import Compute, Copy
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.checkmate_milp import build_model
 from onnx_remat.pipeline import costed_problem, prepare
 from onnx_remat.problem_file import read_problem
-from onnx_remat.schedule import Compute, Copy
 
 TWO_ENGINES = str(Path(__file__).resolve().parent.parent / "devices" / "ort-cpu+ov-cpu.toml")
 

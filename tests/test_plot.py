@@ -10,11 +10,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from onnx_remat.errors import OutputError, UsageError
+from onnx_remat.core.errors import OutputError, UsageError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.plot import memory_traces, plot_schedule, running_memory, schedule_matrices
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 MIB = 2**20
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnx_remat.errors import ModelError
-from onnx_remat.problem import Problem
+from onnx_remat.core.errors import ModelError
+from onnx_remat.core.problem import Problem
 from onnx_remat.problem_file import problem_to_json, read_problem, write_problem
 
 

@@ -91,7 +91,7 @@ def test_attachment_default_path_is_beside_the_model() -> None:
 
 
 def test_cli_writes_the_attachment_beside_the_output(tmp_path: Path, skip_path: Path) -> None:
-    from onnx_remat.cli import main
+    from onnx_remat.cli.main import main
 
     out = tmp_path / "out.onnx"
     assert main([str(skip_path), str(out), "--budget", "min", "--netron-attachment", "-q"]) == 0

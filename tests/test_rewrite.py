@@ -9,11 +9,11 @@ import pytest
 from conftest import conv_chain, skip_net
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.opmap import OpMap
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.schedule import Compute, Free, Schedule
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.rewrite import rewrite
-from onnx_remat.schedule import Compute, Free, Schedule
 
 C, F = Compute, Free
 

@@ -10,12 +10,12 @@ import pytest
 from conftest import conv_chain, skip_net
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.devices import Device
-from onnx_remat.opmap import OpMap
+from onnx_remat.core.devices import Device
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.execute import random_feeds, run, session_options
 from onnx_remat.passes.rewrite import CONFIGURATION, rewrite
 from onnx_remat.passes.runtimes import layer_assignment_settings
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 C, F = Compute, Free
 TWO = ("a", "b")

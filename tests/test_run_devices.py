@@ -12,10 +12,12 @@ import pytest
 from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net, whole_gradient_groups
 
 import onnx_remat
-from onnx_remat.cli import main
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import ModelError, UsageError
-from onnx_remat.opmap import OpMap
+from onnx_remat.cli.main import main
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import ModelError, UsageError
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Schedule
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite
@@ -25,8 +27,6 @@ from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.baselines import keep_all, on_device, placed
 from onnx_remat.pipeline import costed_problem, faster_by_running, prepare
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_ENGINES = str(ROOT / "devices" / "ort-cpu+ov-cpu.toml")

@@ -14,8 +14,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat import run_on_devices
-from onnx_remat.cli import main
-from onnx_remat.errors import ModelError
+from onnx_remat.cli.main import main
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.execute import random_feeds, run
 from onnx_remat.passes.load import read_graph
 from onnx_remat.passes.manager import to_proto

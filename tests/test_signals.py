@@ -70,7 +70,7 @@ def long_solve(tmp_path):
     onnx.save(models.build("resnet18", batch=2, resolution=32), source)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    command = [sys.executable, "-m", "onnx_remat.entry", str(source), str(tmp_path / "out.onnx"), "--mode", "train",
+    command = [sys.executable, "-m", "onnx_remat.cli.entry", str(source), str(tmp_path / "out.onnx"), "--mode", "train",
                "--budget", "min", "--solver", "highs", "--time-limit", "3600", "--report", str(tmp_path / "r.json")]
     environment = {**os.environ, "TMPDIR": str(scratch)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from onnx_remat.errors import ScheduleError
+from onnx_remat.core.errors import ScheduleError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 
 def chain3(budget: int = 10_000, devices: tuple[str, ...] = ("cpu",)) -> Problem:

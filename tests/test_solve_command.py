@@ -9,10 +9,10 @@ from pathlib import Path
 from test_multidevice import problem as multi_problem
 from test_solver import training_chain
 
-from onnx_remat.cli import main
+from onnx_remat.cli.main import main
+from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.problem_file import read_problem, write_problem
-from onnx_remat.schedule import Compute, Copy, Free, Schedule
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:

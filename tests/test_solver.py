@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnx_remat import models
-from onnx_remat.devices import get_devices
-from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Free
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import BACKENDS, PORTFOLIO, SOLVERS, solve
@@ -35,8 +37,6 @@ from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.pipeline import costed_problem, prepare
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Free
 
 # ---------------------------------------------------------------------------- graphs
 

@@ -14,9 +14,9 @@ from conftest import conv_chain, skip_net
 import onnx_remat
 import onnx_remat.passes.autodiff.builder
 import onnx_remat.resolve
-from onnx_remat.cli import main
-from onnx_remat.errors import UsageError
-from onnx_remat.options import RematOptions
+from onnx_remat.cli.main import main
+from onnx_remat.core.errors import UsageError
+from onnx_remat.core.options import RematOptions
 from onnx_remat.plot import plot_sweep
 from onnx_remat.sweep import SweepPoint, find_knee, parse_budgets, sweep
 

@@ -11,13 +11,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_remat
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.schedule import Compute, Schedule
 from onnx_remat.models import build
 from onnx_remat.passes.execute import executed_node_names, ort_session, random_feeds, run
 from onnx_remat.passes.measure import held_before_run, measure_activation_peak
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.pipeline import TrainingOptions, costed_problem, prepare
-from onnx_remat.schedule import Compute, Schedule
 
 
 @pytest.mark.parametrize(

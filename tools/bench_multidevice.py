@@ -10,12 +10,12 @@ import sys
 import time
 from dataclasses import replace
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Copy
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import keep_all
 from onnx_remat.passes.solve.checkmate_milp import build_model
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Copy
 
 
 def chain(layers: int) -> Problem:

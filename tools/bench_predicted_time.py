@@ -25,11 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 import onnx_remat
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
+from onnx_remat.core.problem import Problem
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.pipeline import RematResult, costed_problem, prepare
-from onnx_remat.problem import Problem
 
 PAPER_NETWORKS = ("vgg16", "resnet18", "unet")
 MODES = ("infer", "train")

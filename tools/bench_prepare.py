@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from real_model_zoo import EXPORTERS, import_torchvision
 
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
 from onnx_remat.pipeline import TrainingOptions, costed_problem, prepare
 
 

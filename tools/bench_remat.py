@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 import onnx_remat
-from onnx_remat.budget import format_bytes
-from onnx_remat.errors import InfeasibleBudgetError, SolverError
+from onnx_remat.core.budget import format_bytes
+from onnx_remat.core.errors import InfeasibleBudgetError, SolverError
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.measure import held_before_run, measure_activation_peak, predicted_activation_peak

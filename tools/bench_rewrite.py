@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 from bench_prepare import export
 
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.solve.baselines import chen_sqrt_n
 from onnx_remat.pipeline import TrainingOptions, costed_problem, prepare

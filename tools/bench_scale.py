@@ -60,7 +60,7 @@ def command_row(model: Path, time_limit: float, folder: Path) -> dict[str, float
     """The command's wall time, peak RSS and its report's figures."""
     report = folder / "report.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(folder / "cache")}
-    command = [sys.executable, "-m", "onnx_remat.entry", str(model), str(folder / "out.onnx"), "--mode", "train",
+    command = [sys.executable, "-m", "onnx_remat.cli.entry", str(model), str(folder / "out.onnx"), "--mode", "train",
                "--budget", "min", "--time-limit", str(time_limit), "--report", str(report), "--force", "-q"]
     seconds, rss, _ = run_measured(command, env)
     return {"total": seconds, "rss": rss, **figures(json.loads(report.read_text()))}
@@ -76,7 +76,7 @@ def figures(report: dict) -> dict[str, float]:
 
 def phases(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
     """Each stage of `remat` timed (in this process), as the command runs them."""
-    from onnx_remat.devices import get_devices
+    from onnx_remat.core.devices import get_devices
     from onnx_remat.pipeline import RematOptions, costed, prepare, rewritten, solve_at
 
     options = RematOptions(mode="train", time_limit=time_limit, cache_dir=folder / "cache")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from onnx_remat import models
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.simulate import simulate
@@ -30,7 +31,6 @@ from onnx_remat.passes.solve.baselines import chen_sqrt_n, keep_all
 from onnx_remat.passes.solve.min_budget import equal_budget_lower_bound, fits_equal_budget, minimum_equal_budget
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.pipeline import TrainingOptions, prepare
-from onnx_remat.problem import Problem
 from onnx_remat.problem_file import write_problem
 
 SLOWDOWN = 2.5

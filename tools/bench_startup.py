@@ -1,7 +1,7 @@
 """Start-up time of the command line: `onnx-remat --help` and every subcommand's --help against `import onnx`.
 
 Issue 15 asks for --help within 2x of `python -c "import onnx"`. Each line is the median wall time of --runs fresh
-processes (each run as `python -m onnx_remat.entry`, which is what the `onnx-remat` script runs).
+processes (each run as `python -m onnx_remat.cli.entry`, which is what the `onnx-remat` script runs).
 
     python tools/bench_startup.py [--runs 5]
 """
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from onnx_remat.cli import COMMANDS
+from onnx_remat.cli.main import COMMANDS
 
 
 def median_seconds(args: list[str], runs: int) -> float:
@@ -33,8 +33,8 @@ def main() -> None:
     runs = parser.parse_args().runs
     cases = {
         "python -c 'import onnx'": ["-c", "import onnx"],
-        "onnx-remat --help": ["-m", "onnx_remat.entry", "--help"],
-        **{f"onnx-remat {name} --help": ["-m", "onnx_remat.entry", name, "--help"] for name in COMMANDS},
+        "onnx-remat --help": ["-m", "onnx_remat.cli.entry", "--help"],
+        **{f"onnx-remat {name} --help": ["-m", "onnx_remat.cli.entry", name, "--help"] for name in COMMANDS},
     }
     print(f"{'command':<32} {'median s':>9} {'x import onnx':>14}")
     baseline = None

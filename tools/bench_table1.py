@@ -28,12 +28,14 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnx_remat.budget import Budget, format_bytes
-from onnx_remat.devices import Device, get_devices
-from onnx_remat.errors import RematError
+from onnx_remat.core.budget import Budget, format_bytes
+from onnx_remat.core.devices import Device, get_devices
+from onnx_remat.core.errors import RematError
+from onnx_remat.core.opmap import OpMap
+from onnx_remat.core.options import MINIMUM_SECONDS
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy
 from onnx_remat.models import build
-from onnx_remat.opmap import OpMap
-from onnx_remat.options import MINIMUM_SECONDS
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.measure_devices import with_measured_peaks
 from onnx_remat.passes.rewrite import rewrite
@@ -48,10 +50,8 @@ from onnx_remat.pipeline import (
     prepare,
     with_headroom,
 )
-from onnx_remat.problem import Problem
 from onnx_remat.report import MeasuredChoice
 from onnx_remat.resolve import Minima, resolve_budgets
-from onnx_remat.schedule import Compute, Copy
 
 DEFAULT_DEVICES = "devices/ort-cpu+ov-cpu.toml"
 MIB = 1 << 20

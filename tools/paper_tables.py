@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 import onnx_remat
-from onnx_remat.budget import format_bytes
+from onnx_remat.core.budget import format_bytes
 from onnx_remat.models import build
 
 DEFAULT_CASES = ("resnet18:2,4", "unet:1,2")

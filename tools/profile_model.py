@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from onnx_remat.devices import get_devices
+from onnx_remat.core.devices import get_devices
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from real_model_zoo import ARCHITECTURES, EXPORTERS, architecture, export
 
-from onnx_remat.errors import RematError
+from onnx_remat.core.errors import RematError
 from onnx_remat.execution import run_on_devices
 from onnx_remat.pipeline import TrainingOptions, remat
 

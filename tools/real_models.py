@@ -26,7 +26,7 @@ from onnx.reference import ReferenceEvaluator
 from real_model_zoo import ARCHITECTURES, EXPORTERS, export, make
 from torch.nn import functional as F
 
-from onnx_remat.errors import InfeasibleBudgetError, RematError, SolverError
+from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
 from onnx_remat.passes.execute import ort_session
 from onnx_remat.pipeline import TrainingOptions, prepare, remat
 

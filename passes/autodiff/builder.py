@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss

@@ -10,7 +10,7 @@ import onnx_ir as ir
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.manager import named
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})

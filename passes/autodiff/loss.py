@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError, UsageError
-from onnx_remat.options import LOSSES
+from onnx_remat.core.errors import ModelError, UsageError
+from onnx_remat.core.options import LOSSES
 from onnx_remat.passes.autodiff.graph_info import FLOAT_TYPES, GraphInfo
 
 LOSS = "loss"

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError, UsageError
+from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.passes.manager import named
 
 OPTIMIZERS = ("sgd",)

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import helper, version_converter
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.manager import named, run_passes, to_proto
 from onnx_remat.passes.shapes import ResolveShapes

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr, present
 from onnx_remat.passes.manager import named
 

@@ -24,9 +24,11 @@ from typing import NoReturn
 
 import numpy as np
 
-from onnx_remat.budget import below_minimum
-from onnx_remat.errors import RematError, SolverError, UsageError
-from onnx_remat.options import SOLVERS
+from onnx_remat.core.budget import below_minimum
+from onnx_remat.core.errors import RematError, SolverError, UsageError
+from onnx_remat.core.options import SOLVERS
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import Simulation, check_schedule
 from onnx_remat.passes.solve.backend import Backend, MilpOutcome, MilpProgress, SolveStatus
 from onnx_remat.passes.solve.baselines import (
@@ -46,14 +48,12 @@ from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.passes.solve.portfolio import race
 from onnx_remat.passes.solve.proven import StopAtBound, meets
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Schedule
 
 SolveProgress = Callable[[float, float | None, float | None], None]
 """(elapsed seconds, incumbent predicted seconds or None, lower bound or None)."""
 
 BACKENDS: dict[str, Backend] = {"highs": solve_highs, "cbc": solve_cbc, "cpsat": solve_cpsat}
-"""Backend name -> the function that runs it (its module in this package). onnx_remat.options.SOLVERS, which the
+"""Backend name -> the function that runs it (its module in this package). onnx_remat.core.options.SOLVERS, which the
 command line offers without loading any solver, lists the same names after "auto" (tests/test_startup.py checks)."""
 
 DEADLINE_RESERVE = 1.0

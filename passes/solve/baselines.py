@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
 from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
 
 ALL_LENGTHS_UP_TO = 48
 LONG_LENGTH_STEP = 1.08

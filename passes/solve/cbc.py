@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from onnx_remat.errors import SolverError
+from onnx_remat.core.errors import SolverError
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 
 if TYPE_CHECKING:

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_remat.errors import SolverError
+from onnx_remat.core.errors import SolverError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Matrices, Schedule
 from onnx_remat.passes.solve.backend import SparseMilp
 from onnx_remat.passes.solve.liveness import Step, schedule_from_steps
 from onnx_remat.passes.solve.sparse import Compressed
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Matrices, Schedule
 
 MAX_MILP_CELLS = 100_000
 """Devices x operators^2 above which the MILP is not built and the heuristics answer (status "heuristic"):

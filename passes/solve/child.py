@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from onnx_remat.errors import SolverError
+from onnx_remat.core.errors import SolverError
 
 GRACE = 5.0
 """Seconds a worker has, after its stdin closes, to write its answer and exit before it is killed: it usually takes

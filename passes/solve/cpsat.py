@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_remat.errors import SolverError
+from onnx_remat.core.errors import SolverError
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 from onnx_remat.passes.solve.child import run_worker
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.solve.backend import MilpProgress, SolveStatus
 from onnx_remat.passes.solve.baselines import schedule_from_stages
 from onnx_remat.passes.solve.child import run_worker
 from onnx_remat.passes.solve.cpsat import WORKER
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Schedule
 
 OBJECTIVE_STEPS = 1e9
 """The costliest operator's cost in CP-SAT's integer units (costs round down): a cost error under 1e-9 of it per

@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from onnx_remat.errors import ScheduleError
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
+from onnx_remat.core.errors import ScheduleError
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
 
 Step = Compute | Copy
 

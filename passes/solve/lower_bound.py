@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnx_remat.core.problem import Problem
 from onnx_remat.passes.solve.backend import SolveStatus, SparseMilp
 from onnx_remat.passes.solve.checkmate_milp import MilpBuilder
 from onnx_remat.passes.solve.highs_worker import model_arrays, run
 from onnx_remat.passes.solve.min_budget import step_bytes
-from onnx_remat.problem import Problem
 
 MAX_HELD = 10_000
 """Held outputs summed over the cuts in the model, beyond which only the cuts that hold the most bytes go in (any

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
@@ -28,8 +30,6 @@ from onnx_remat.passes.solve.baselines import (
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, too_large
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Schedule
 
 
 @dataclass(frozen=True)

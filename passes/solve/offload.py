@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Compute, Copy, Event, Free, Schedule
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
 
 
 class _OutOfTime(Exception):

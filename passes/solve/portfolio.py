@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
-from onnx_remat.problem import Problem
-from onnx_remat.schedule import Schedule
 
 COPIES = 3
 """Computations per operator in the interval model (Moccasin's default is 2). At half the keep-all memory: a 37-operator

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr
 from onnx_remat.passes.autodiff.rules.linear import Window, window

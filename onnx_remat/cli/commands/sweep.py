@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from onnx_remat.arguments import (
+from onnx_remat.cli.arguments import (
     add_device_options,
     add_input_shape_option,
     add_mode_options,
@@ -19,10 +19,10 @@ from onnx_remat.arguments import (
     add_solver_options,
     remat_options,
 )
-from onnx_remat.budget import format_bytes
-from onnx_remat.errors import UsageError
-from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_POINT_TIME_LIMIT
+from onnx_remat.core.budget import format_bytes
+from onnx_remat.core.errors import UsageError
+from onnx_remat.core.files import check_outputs, write_atomically
+from onnx_remat.core.options import DEFAULT_BUDGETS, DEFAULT_KNEE_OVERHEAD, DEFAULT_POINT_TIME_LIMIT
 
 if TYPE_CHECKING:
     from onnx_remat.sweep import Sweep

@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, set_external_data, uses_external_data
 
-from onnx_remat.errors import ModelError, one_line
+from onnx_remat.core.errors import ModelError, one_line
 
 PROTOBUF_LIMIT = 2**31 - 1
 """The largest message protobuf serializes: a larger model must keep its weights outside."""

@@ -1,8 +1,8 @@
 """Command line: `onnx-remat IN.onnx OUT.onnx --budget B`, a thin layer over `onnx_remat.remat`, and
-subcommands (`onnx-remat COMMAND ...`), each a module in `onnx_remat.commands` registered in COMMANDS.
+subcommands (`onnx-remat COMMAND ...`), each a module in `onnx_remat.cli.commands` registered in COMMANDS.
 
 A command module has `build_parser() -> argparse.ArgumentParser` and `run(args, console) -> None`. Parsers take
-their choices from onnx_remat.options; the pipeline, runtimes and solvers load in `run`, so --help is quick.
+their choices from onnx_remat.core.options; the pipeline, runtimes and solvers load in `run`, so --help is quick.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from onnx_remat.arguments import (
+from onnx_remat.cli.arguments import (
     add_device_options,
     add_input_shape_option,
     add_mode_options,
@@ -31,11 +31,11 @@ from onnx_remat.arguments import (
     join_negative_values,
     remat_options,
 )
-from onnx_remat.budget import format_bytes
-from onnx_remat.errors import RematError, RematWarning, UsageError
-from onnx_remat.files import check_outputs, write_together
-from onnx_remat.options import DEFAULT_TIME_LIMIT
-from onnx_remat.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
+from onnx_remat.cli.signals import INTERRUPTED_CODE, INTERRUPTED_MESSAGE, Terminated, terminated_on_signals
+from onnx_remat.core.budget import format_bytes
+from onnx_remat.core.errors import RematError, RematWarning, UsageError
+from onnx_remat.core.files import check_outputs, write_together
+from onnx_remat.core.options import DEFAULT_TIME_LIMIT
 
 if TYPE_CHECKING:
     import onnx
@@ -48,7 +48,7 @@ COMMANDS: dict[str, str] = {
     "solve": "solve",
     "run": "run",
 }
-"""Subcommand name -> the module in onnx_remat.commands that implements it."""
+"""Subcommand name -> the module in onnx_remat.cli.commands that implements it."""
 
 EXIT_CODES = """exit codes:
   0  success
@@ -116,7 +116,7 @@ def _commands_help() -> str:
 
 def command_module(name: str) -> ModuleType:
     """The module implementing subcommand `name`."""
-    return importlib.import_module(f"onnx_remat.commands.{COMMANDS[name]}")
+    return importlib.import_module(f"onnx_remat.cli.commands.{COMMANDS[name]}")
 
 
 def _percent(text: str) -> float:
@@ -132,8 +132,8 @@ def _percent(text: str) -> float:
 
 def run(args: argparse.Namespace, console: Console) -> None:
     """Check the outputs can be written, run the pipeline, write model and report."""
-    from onnx_remat.model_files import data_file, has_external_data
     from onnx_remat.netron import default_path
+    from onnx_remat.passes.model_files import data_file, has_external_data
     from onnx_remat.pipeline import prepare, remat
 
     options = remat_options(args)
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
 def _model_files(args: argparse.Namespace, model: onnx.ModelProto, external: bool) -> dict[Path, bytes]:
     """The output model's file, with its weights in `<output>.data` beside it when the input kept them outside
     (that path was checked before the work) or the model is too large for one file (checked now)."""
-    from onnx_remat.model_files import model_files
+    from onnx_remat.passes.model_files import model_files
 
     files = model_files(model, args.output, external)
     check_outputs([path for path in files if path != Path(args.output)], args.input, args.force)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnx_remat.budget import Budget, parse_budget
-from onnx_remat.errors import UsageError
+from onnx_remat.core.budget import Budget, parse_budget
+from onnx_remat.core.errors import UsageError
 
 RUNTIMES = ("onnxruntime", "openvino")
 DEFAULT_PROVIDERS = {"onnxruntime": "CPUExecutionProvider", "openvino": "CPU"}

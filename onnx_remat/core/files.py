@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from onnx_remat.errors import OutputError
+from onnx_remat.core.errors import OutputError
 
 
 def check_outputs(paths: Sequence[str | Path], source: str | Path | None, force: bool) -> None:

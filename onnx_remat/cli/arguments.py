@@ -9,9 +9,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from onnx_remat.devices import PRESETS
-from onnx_remat.errors import UsageError
-from onnx_remat.options import COST_MODELS, LOSSES, MODES, SOLVERS, RematOptions, TrainingOptions
+from onnx_remat.core.devices import PRESETS
+from onnx_remat.core.errors import UsageError
+from onnx_remat.core.options import COST_MODELS, LOSSES, MODES, SOLVERS, RematOptions, TrainingOptions
 
 LONGEST_SECONDS = 7 * 24 * 3600.0
 """A week: longer limits overflow the solvers' and timers' clocks."""

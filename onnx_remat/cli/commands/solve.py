@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from onnx_remat.arguments import add_output_options, add_solver_options
-from onnx_remat.budget import Budget, format_bytes
-from onnx_remat.devices import parse_device_budgets
-from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_TIME_LIMIT, LAST_SECONDS
+from onnx_remat.cli.arguments import add_output_options, add_solver_options
+from onnx_remat.core.budget import Budget, format_bytes
+from onnx_remat.core.devices import parse_device_budgets
+from onnx_remat.core.files import check_outputs, write_atomically
+from onnx_remat.core.options import DEFAULT_TIME_LIMIT, LAST_SECONDS
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Compute, Copy, Event, Schedule
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.problem import Problem
 from onnx_remat.problem_file import read_problem
-from onnx_remat.schedule import Compute, Copy, Event, Schedule
 
 if TYPE_CHECKING:
     from onnx_remat.passes.solve import SolveResult

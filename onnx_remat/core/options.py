@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from onnx_remat.devices import Device
+    from onnx_remat.core.devices import Device
 
 MODES = ("infer", "train")
 COST_MODELS = ("analytic", "profiled", "in-graph")

@@ -5,7 +5,7 @@ original node; for a copy, the node producing the tensor), `onnx_remat.device` (
 `onnx_remat.source` and `onnx_remat.target` name both ends) and `onnx_remat.step` (the schedule event it runs at,
 PRELUDE_STEP for nodes run once up front), plus `layer_ann` = the device name: onnxruntime pins a node to a
 provider by that key with the session option `session.layer_assignment_settings`. The model records each device's
-budget in bytes as `onnx_remat.budget.<device>`.
+budget in bytes as `onnx_remat.core.budget.<device>`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 from onnx import ModelProto, NodeProto, StringStringEntryProto
 
-from onnx_remat.errors import ModelError
+from onnx_remat.core.errors import ModelError
 
 PREFIX = "onnx_remat."
 LAYER_KEY = "layer_ann"

@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from onnx_remat.signals import (
+from onnx_remat.cli.signals import (
     INTERRUPTED_CODE,
     INTERRUPTED_MESSAGE,
     Terminated,
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with terminated_on_signals():
             _import_uninterrupted(argv)
-            from onnx_remat.cli import main as run_command
+            from onnx_remat.cli.main import main as run_command
 
             code = run_command(argv)
             if code == 0:

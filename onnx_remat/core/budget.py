@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from onnx_remat.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
 
 if TYPE_CHECKING:
-    from onnx_remat.problem import Problem
+    from onnx_remat.core.problem import Problem
 
 _UNITS = {
     "": 1, "b": 1,

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from rich.console import Console
 
-from onnx_remat.arguments import add_output_options
-from onnx_remat.budget import format_bytes
-from onnx_remat.devices import PRESETS
-from onnx_remat.errors import OverBudgetError, UsageError
-from onnx_remat.files import check_outputs, write_atomically
-from onnx_remat.options import DEFAULT_REPEATS
+from onnx_remat.cli.arguments import add_output_options
+from onnx_remat.core.budget import format_bytes
+from onnx_remat.core.devices import PRESETS
+from onnx_remat.core.errors import OverBudgetError, UsageError
+from onnx_remat.core.files import check_outputs, write_atomically
+from onnx_remat.core.options import DEFAULT_REPEATS
 
 if TYPE_CHECKING:
     from onnx_remat.passes.run_devices import DeviceRun

@@ -1,1 +1,0 @@
-"""Subcommands of the onnx-remat CLI, one module each, registered in onnx_remat.cli.COMMANDS."""

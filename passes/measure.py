@@ -32,16 +32,6 @@ from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0"}
-PAGE_BYTES = 4096
-ALIGNED_BLOCK_OVERHEAD = 128
-"""Bytes glibc adds to an onnxruntime tensor's block: its 64-byte alignment's padding and the chunk headers."""
-
-
-def allocated_bytes(nbytes: int) -> int:
-    """Resident bytes of an onnxruntime tensor of `nbytes` under MALLOC_ENV: at or above the mmap threshold its block
-    takes whole pages (one more than its size for a page multiple), below it its size (heap)."""
-    block = nbytes + ALIGNED_BLOCK_OVERHEAD
-    return nbytes if block < PAGE_BYTES else -(-block // PAGE_BYTES) * PAGE_BYTES
 
 
 def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: int = 1) -> int:

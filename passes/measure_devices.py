@@ -9,8 +9,7 @@ step it resets the high-water mark (`5` into /proc/self/clear_refs) and reads Vm
 measured peak at a step is
 
     parameter bytes its segments read (`Plan.parameter_bytes`; the engines' own copies of them are not counted)
-  + bytes of the values the executor holds on the device (each value's resident size: `Runtime.nbytes` in the
-    pages glibc gives it, `measure.allocated_bytes`)
+  + bytes of the values the executor holds on the device (each value's real size, `Runtime.nbytes`)
   + what its runtime kept from the warm-up run (below)
   + for a segment on the device: VmHWM - VmRSS before it (its outputs, intermediates and scratch)
 
@@ -23,9 +22,9 @@ resident set before the step. Not counted: the host's part of a copy (the array 
 graph inputs held on the host, and the engines' code, graphs and compiled kernels.
 
 Page granularity and allocator slack (blocks below the mmap threshold, 4 KiB, come from the heap; each block above
-takes whole pages, one more than its size for a page multiple) make small tensors measure poorly: on DenseNet-121's
-training step the runtime keeps 1.0-1.5 MiB after its first run, where its 479 graph outputs under 4 KiB take 0.6 MiB
-of heap. Compare against predictions on models with larger tensors.
+takes whole pages, one more than its size for a page multiple) make small tensors measure poorly: the graph outputs'
+rounding is most of what the runtime keeps (1.4 MiB for DenseNet-121's 608 training outputs). Compare against
+predictions on models with larger tensors.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ import numpy as np
 import onnx
 
 from onnx_remat.core.devices import Device
-from onnx_remat.passes.measure import MALLOC_ENV, allocated_bytes, reset_high_water_mark, status_bytes
+from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
 
@@ -107,7 +106,7 @@ class _Watch:
     def held(self, values: dict[Key, Any], device: int) -> int:
         """Bytes of the values held on `device` (never graph inputs on the host: their device is run_devices.HOST)."""
         runtime = self.runtimes[device]
-        return sum(allocated_bytes(runtime.nbytes(value)) for (_, where), value in values.items() if where == device)
+        return sum(runtime.nbytes(value) for (_, where), value in values.items() if where == device)
 
     def before(self, index: int, values: dict[Key, Any]) -> None:
         reset_high_water_mark()

@@ -26,8 +26,9 @@ from onnx_remat.pipeline import TrainingOptions, remat
 MIB = 2**20
 BATCHES = {"gpt": 256, "gpt_sdpa": 256, "gpt_mha": 256, "gpt_einsum": 256, "bert": 256, "vit": 128, "lstm": 2048,
            "gru": 2048}
-"""Rows per input where 32 leaves most tensors under glibc's 64 KiB mmap threshold: those come from a heap the
-warm-up run touched and escape the measurement (BERT at 32 rows measured 62-84% of its prediction, at 256 99%)."""
+"""Rows per input where 32 leaves most tensors small: under the measurement's mmap threshold (passes/measure.py) they
+come from a heap the warm-up run touched and escape the measurement (BERT at 32 rows measured 62-84% of its
+prediction at a 64 KiB threshold, at 256 rows 99%)."""
 BUDGETS = ("100%", "50%", "min")
 PREDICTION_TOLERANCE = 0.10
 """How far a measured peak may be from the report's prediction and still count as matching it."""
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each rewrite may take")
     parser.add_argument("--batch", type=int, default=None,
                         help="rows per input (default 32, more for the small-tensor models of BATCHES): tensors under "
-                        "glibc's 64 KiB mmap threshold come from a heap the warm-up run touched and escape the "
+                        "the measurement's mmap threshold come from a heap the warm-up run touched and escape the "
                         "measurement")
     args = parser.parse_args()
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]

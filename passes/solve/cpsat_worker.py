@@ -241,3 +241,5 @@ def _stop_at_eof(solver: cp_model.CpSolver, stopped: threading.Event, solved: th
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(0)  # the answer is written: the interpreter's shutdown with OR-Tools loaded takes 65 ms (measured)

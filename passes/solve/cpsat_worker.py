@@ -8,6 +8,7 @@ whenever either improves, and writes the status name, the values and the bound t
   last step that reads it; one computation per step, every reader's step inside an interval of each input, the
   intervals' sizes within the free memory at every step (a cumulative), first computations in operator order (the
   frontier-advancing form); the values are the operators computed, in execution order.
+Started with no arguments (child.started_early), it imports and then reads them as one JSON line on stdin.
 Closing its stdin (child.py) stops the search with the best solution found
 so far; SIGINT is ignored, and CP-SAT's own SIGINT handler is off (catch_sigint_signal). It
 imports OR-Tools and numpy only, never onnx_remat (whose HiGHS cannot share the process).
@@ -15,6 +16,7 @@ imports OR-Tools and numpy only, never onnx_remat (whose HiGHS cannot share the 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -224,9 +226,8 @@ def main(given: str, answer: str) -> None:
 
 
 def _stop_at_eof(solver: cp_model.CpSolver, stopped: threading.Event, solved: threading.Event) -> None:
-    """Ignore SIGINT; once stdin closes set `stopped` and stop `solver`'s search, again every STOP_EVERY seconds
-    until `solved`: stop_search does nothing before the search starts, so one call could come too early."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Once stdin closes set `stopped` and stop `solver`'s search, again every STOP_EVERY seconds until `solved`:
+    stop_search does nothing before the search starts, so one call could come too early."""
 
     def wait() -> None:
         while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock breaks interpreter shutdown
@@ -239,7 +240,22 @@ def _stop_at_eof(solver: cp_model.CpSolver, stopped: threading.Event, solved: th
     threading.Thread(target=wait, daemon=True).start()
 
 
+def arguments_from_stdin() -> list[str]:
+    """The arguments of a worker started early (child.started_early): one JSON line on stdin, read byte by byte from
+    the raw descriptor so the stop thread reads the rest; none if stdin closed first (it was not needed)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            return []
+        line += byte
+    return json.loads(line)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides (child.py), also while this waits for arguments
+    given = sys.argv[1:] or arguments_from_stdin()
+    if given:
+        main(*given)
     sys.stdout.flush()
     os._exit(0)  # the answer is written: the interpreter's shutdown with OR-Tools loaded takes 65 ms (measured)

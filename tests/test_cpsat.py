@@ -14,10 +14,10 @@ from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems
 from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve import child, solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
-from onnx_remat.passes.solve.cpsat import solve_cpsat
+from onnx_remat.passes.solve.cpsat import WORKER, solve_cpsat
 from onnx_remat.passes.solve.interval import solve_intervals
 from onnx_remat.passes.solve.portfolio import COPIES
 
@@ -137,3 +137,21 @@ def test_interval_model_finds_the_milp_optimum_at_half_budget():
     assert intervals.schedule is not None and intervals.schedule.recompute_count() > 0
     cost = check_schedule(problem, intervals.schedule).total_cost
     assert cost == pytest.approx(solve(problem, "highs", time_limit=LONG).model_objective)
+
+
+def test_worker_started_early_gives_the_same_optimum():
+    """The worker started before the problem is ready (as `onnx-remat solve` starts it) and the one started after
+    it, in the same block, both reach the MILP's optimum of a 16-operator training chain at half its memory."""
+    problem = half_budget(training_chain(8))
+    optimum = solve(problem, "highs", time_limit=LONG).model_objective
+    with child.started_early(WORKER):
+        early, later = (solve_intervals(problem, COPIES, LONG, best_baseline(problem)) for _ in range(2))
+    for outcome in (early, later):
+        assert outcome.schedule is not None
+        assert check_schedule(problem, outcome.schedule).total_cost == pytest.approx(optimum)
+
+
+def test_unused_early_worker_ends_with_its_block():
+    with child.started_early(WORKER):
+        process = child._EARLY[WORKER].child
+    assert process.returncode is not None and WORKER not in child._EARLY

@@ -193,6 +193,18 @@ def test_offloading_heuristic_parks_a_skip_tensor_instead_of_recomputing():
     assert check_schedule(p, schedule).total_cost == pytest.approx(4 + 2 * 10 * 0.01)
 
 
+@pytest.mark.parametrize(("compute", "store"), [(0, 1), (1, 0)])
+@pytest.mark.parametrize("budget", [2, 3, 4])
+def test_offloading_never_drops_a_parked_output_it_is_copying_back(compute, store, budget):
+    """Copying op 0 back to run op 3 needs room on the compute device; parking op 2 to make it may drop parked
+    outputs from the store, but never op 0 itself (a Hypothesis example once did: a copy from where it was gone)."""
+    p = problem([(0, 1), (0, 3), (1, 2), (2, 4)], [2, 1, 2, 1, 1], [[1] * 5, [1, 1, 2, 1, 1]], [budget, budget],
+                copy=0.0)
+    schedule = offload(p, compute, store)
+    if schedule is not None:
+        check_schedule(p, schedule)
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(two_device_problems())
 def test_equal_budget_minimum_brackets_the_true_one(p: Problem):

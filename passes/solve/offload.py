@@ -47,8 +47,9 @@ class _Evictor:
         self.held[device].discard(op)
         self.memory[device] -= self.problem.output_bytes[op]
 
-    def park(self, op: int, stage: int) -> bool:
-        """Whether `op` is (now) on the store device, copied there if parking beats recomputing and fits."""
+    def park(self, op: int, stage: int, keep: set[int]) -> bool:
+        """Whether `op` is (now) on the store device, copied there if parking beats recomputing and fits (dropping
+        no parked output in `keep` to make room)."""
         p = self.problem
         if self.store is None:
             return False
@@ -60,7 +61,7 @@ class _Evictor:
         if round_trip > p.cost[self.compute][op] and op not in p.graph_outputs:
             return False
         worth = float("inf") if op in p.graph_outputs else self.density(op)
-        self.unpark(self.store, p.output_bytes[op], stage, worth)
+        self.unpark(self.store, p.output_bytes[op], stage, worth, keep)
         if self.memory[self.store] + p.output_bytes[op] > p.budgets[self.store]:
             return False
         self.place(op, self.store, Copy(op, stage, self.compute, self.store))
@@ -71,16 +72,17 @@ class _Evictor:
         """Seconds to recompute `op` on the compute device per byte it holds."""
         return self.problem.cost[self.compute][op] / max(1, self.problem.output_bytes[op])
 
-    def unpark(self, store: int, needed: int, stage: int, worth: float) -> None:
+    def unpark(self, store: int, needed: int, stage: int, worth: float, keep: set[int]) -> None:
         """Drop parked outputs cheaper to recompute per byte than `worth` (cheapest first; they will be recomputed)
         until `needed` more bytes fit on the store device, if they can: a graph output cannot be dropped, nor an
-        output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses)."""
+        output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses), nor one in
+        `keep` (an input being copied back)."""
         p = self.problem
         room = p.budgets[store] - self.memory[store]
         droppable = [
             op
             for op in self.held[store]
-            if op not in p.graph_outputs and self.parked[op] < stage and self.density(op) < worth
+            if op not in p.graph_outputs and op not in keep and self.parked[op] < stage and self.density(op) < worth
         ]
         if room >= needed or room + sum(p.output_bytes[op] for op in droppable) < needed:
             return
@@ -109,7 +111,7 @@ class _Evictor:
             if not candidates:
                 return False
             op = candidates.pop(0)
-            if not self.park(op, stage) and op in self.problem.graph_outputs:
+            if not self.park(op, stage, keep) and op in self.problem.graph_outputs:
                 continue
             self.free(op, self.compute, stage)
         return True
@@ -120,7 +122,7 @@ class _Evictor:
         if op in self.held[self.compute]:
             return True
         if self.store is not None and op in self.held[self.store]:
-            if not self.make_room(p.output_bytes[op], keep, stage):
+            if not self.make_room(p.output_bytes[op], keep | {op}, stage):
                 return False
             self.place(op, self.compute, Copy(op, stage, self.store, self.compute))
             return True

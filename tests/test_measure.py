@@ -77,9 +77,9 @@ def test_gru_state_buffers_are_predicted(tmp_path, linear_before_reset):
 @pytest.mark.parametrize("inputs", [2, 3, 5])
 def test_variadic_sum_scratch_is_predicted(tmp_path, inputs):
     """Three or more inputs take a temporary the size of the output (a gradient summing three branches)."""
-    values = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [256, 1024]) for k in range(inputs)]
+    values = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1024, 1024]) for k in range(inputs)]
     graph = helper.make_graph([helper.make_node("Sum", [v.name for v in values], ["y"])], "sum", values,
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1024])])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     measured, predicted = measured_and_predicted(model, tmp_path / "sum.onnx")
     assert measured == pytest.approx(predicted, rel=0.1)

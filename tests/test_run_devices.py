@@ -158,15 +158,16 @@ def mixed_only(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int],
 
 
 def test_measured_peaks_of_a_mixed_only_schedule_stay_within_budget_and_near_the_prediction():
-    """256 KiB tensors (at 64 KiB and below page rounding and heap reuse blur a measurement): each device's
-    measured peak (a fresh process, the high-water mark reset around every step) is within its budget.
+    """1 MiB tensors (the kernel's resident-set counters lag by up to a few hundred KiB; at 64 KiB page rounding
+    and heap reuse blur a measurement): each device's measured peak (a fresh process, the high-water mark reset
+    around every step) is within its budget.
 
     Tolerances against the predicted peak: onnxruntime (arena off) allocates exactly the tensors the prediction
     counts, so 10% as in test_measure. OpenVINO plans its own memory: it runs elementwise ops in place and has no
     im2col workspace the prediction counts for a Conv (fewer bytes), but adds layout-reorder buffers around
     convolutions (more): measured here at 0.8x; the test allows 0.5x to 1.1x, the upper end being what a budget
     can rely on. The engines keep (almost) nothing between runs: the runtimes release every call's buffers."""
-    model, budgets, training = mixed_only(conv_chain(depth=3, channels=16, size=64))
+    model, budgets, training = mixed_only(conv_chain(depth=3, channels=16, size=128))
     feeds = random_feeds(training, seed=0)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1)
     assert_same_outputs(result.outputs, training, feeds)

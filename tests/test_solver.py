@@ -19,7 +19,7 @@ from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Free
 from onnx_remat.passes import solve as solve_module
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import BACKENDS, PORTFOLIO, SOLVERS, solve
+from onnx_remat.passes.solve import BACKENDS, PORTFOLIO, SOLVERS, BestSoFar, solve
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     BASELINES,
@@ -282,6 +282,16 @@ def test_progress_reports_seconds():
     problem = with_budget(training_chain(4), training_chain(4).keep_all_bytes() // 2)
     result = solve(problem, "cbc", progress=lambda *report: calls.append(report))
     assert calls and calls[-1][1] == pytest.approx(result.objective)
+
+
+def test_progress_shows_the_best_of_the_portfolios_reports():
+    """HiGHS and CP-SAT report in turn (on the peers' chain40_p40 the line went 347.6, 354.2, 347.6): what is shown
+    is the best of both, never a worse incumbent or a lower bound after a better one."""
+    shown = []
+    progress = BestSoFar(lambda *report: shown.append(report))
+    for report in ((1.0, 354.2, 342.4), (2.0, 347.6, None), (3.0, 354.2, 342.4), (4.0, None, 345.9)):
+        progress(*report)
+    assert shown == [(1.0, 354.2, 342.4), (2.0, 347.6, 342.4), (3.0, 347.6, 342.4), (4.0, 347.6, 345.9)]
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -142,6 +142,7 @@ def solve(
         raise UsageError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
     backend = choose_backend(problem) if solver == "auto" else solver
     start = time.perf_counter()
+    progress = None if progress is None else BestSoFar(progress)
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
         incumbent, alone = _incumbent(problem, backend, time_limit, stop, hints)
@@ -165,6 +166,23 @@ def solve(
     seconds = time.perf_counter() - start
     bound = max(bound if bound is not None else 0.0, cut_bound)
     return _result(problem, schedule, status, bound, model_objective, seconds, backend, alone)
+
+
+class BestSoFar:
+    """A progress callback that only improves: the cheapest incumbent and the highest bound reported so far. The
+    portfolio's two searches report in turn, and the memory-cut bound proven before them stays proven."""
+
+    def __init__(self, progress: SolveProgress) -> None:
+        self.progress = progress
+        self.incumbent: float | None = None
+        self.bound: float | None = None
+
+    def __call__(self, seconds: float, incumbent: float | None, bound: float | None) -> None:
+        if incumbent is not None:
+            self.incumbent = incumbent if self.incumbent is None else min(self.incumbent, incumbent)
+        if bound is not None:
+            self.bound = bound if self.bound is None else max(self.bound, bound)
+        self.progress(seconds, self.incumbent, self.bound)
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import Simulation
 from onnx_remat.passes.solve import SolveResult
-from onnx_remat.passes.solve.baselines import simulated_baselines
+from onnx_remat.passes.solve.baselines import baselines_of
 from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputation, Report, SolverSummary
 
 
@@ -135,8 +135,8 @@ def baselines(problem: Problem, run_overhead: float = 0.0) -> dict[str, Baseline
     """Predicted time (`run_overhead` included) and peak of every baseline run entirely on each device, and whether it
     fits every budget."""
     return {
-        name: BaselineResult(
-            simulation.total_cost + run_overhead, max(simulation.peak_bytes), simulation.fits(problem.budgets)
+        baseline.name: BaselineResult(
+            baseline.total_cost + run_overhead, max(baseline.peak_bytes), baseline.fits(problem.budgets)
         )
-        for name, _, simulation in simulated_baselines(problem)
+        for baseline in baselines_of(problem)
     }

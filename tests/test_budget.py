@@ -11,7 +11,7 @@ from onnx_remat.core.devices import get_devices
 from onnx_remat.core.errors import UsageError
 from onnx_remat.core.options import MINIMUM_SECONDS
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.passes.solve.baselines import BASELINES, placed_baselines, simulated_baselines
+from onnx_remat.passes.solve.baselines import BASELINES, baselines_of
 from onnx_remat.passes.solve.min_budget import MinBudget
 from onnx_remat.pipeline import costed_problem, prepare
 from onnx_remat.resolve import HEURISTIC_SEARCH_SHARE, Minima, search_seconds
@@ -73,12 +73,12 @@ def test_min_resolves_only_against_a_known_minimum():
 
 def test_baselines_are_built_once_per_problem_whatever_its_budgets():
     problem = costed_problem(prepare(skip_net()), get_devices(None)).problem
-    built = simulated_baselines(problem)
-    assert simulated_baselines(replace(problem, budgets=(problem.keep_all_bytes() // 2,))) is built
-    assert [name for name, _ in placed_baselines(problem)] == list(BASELINES)
-    for _, schedule, simulation in built:
-        again = simulate(problem, schedule)
-        assert (simulation.peak_bytes, simulation.total_cost) == (again.peak_bytes, again.total_cost)
+    built = baselines_of(problem)
+    assert baselines_of(replace(problem, budgets=(problem.keep_all_bytes() // 2,))) is built
+    assert [baseline.name for baseline in built] == list(BASELINES)
+    for baseline in built:
+        again = simulate(problem, baseline.schedule)
+        assert (baseline.peak_bytes, baseline.total_cost) == (again.peak_bytes, again.total_cost)
 
 
 def test_the_minimum_search_takes_its_share_of_the_time_left():

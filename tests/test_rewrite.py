@@ -9,11 +9,13 @@ import pytest
 from conftest import conv_chain, skip_net
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_remat.core.errors import ModelError
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.schedule import Compute, Free, Schedule
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.manager import to_proto
 from onnx_remat.passes.rewrite import rewrite
+from onnx_remat.pipeline import prepare
 
 C, F = Compute, Free
 
@@ -229,3 +231,25 @@ def test_a_split_read_in_part_becomes_slices_of_the_parts_read():
     feeds = random_feeds(original, seed=0)
     for got, want in zip(run(model, feeds), run(original, feeds), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_branch_returning_an_outer_value_directly_never_reaches_the_rewrite():
+    """An If branch whose output is an outer tensor itself (no node inside) would keep returning the first instance
+    of a recomputed tensor; no such model gets here: the ONNX checker refuses it on load, and onnxruntime refuses to
+    run it (an Identity inside the branch is what both ask for, and the rewrite repoints that node's read)."""
+    width = 8
+    tensor = helper.make_tensor_value_info
+    then = helper.make_graph([], "then", [], [tensor("a", TensorProto.FLOAT, [width])])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["negated"])], "else", [],
+                              [tensor("negated", TensorProto.FLOAT, [width])])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("If", ["flag"], ["y"], name="branch", then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "returns_outer", [tensor("x", TensorProto.FLOAT, [width]),
+                                                       tensor("flag", TensorProto.BOOL, [])],
+                              [tensor("y", TensorProto.FLOAT, [width])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match="fails the ONNX checker"):
+        prepare(model)
+    feeds = {"x": np.ones(width, np.float32), "flag": np.array(True)}
+    with pytest.raises(Exception, match="outer scope value being returned directly"):
+        run(model, feeds)

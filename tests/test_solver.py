@@ -30,6 +30,7 @@ from onnx_remat.passes.solve.baselines import (
     fitting,
     frontier_only,
     keep_all,
+    schedule_from_stages,
     segmentations,
 )
 from onnx_remat.passes.solve.checkmate_milp import build_model
@@ -186,7 +187,7 @@ def test_milp_matches_brute_force_and_cbc(problem: Problem, fraction: float):
         check_schedule(problem, result.schedule)
         assert result.bound <= result.objective + 1e-9 and result.gap <= 1e-3
     for build in BASELINES.values():
-        baseline = simulate(problem, build(problem))
+        baseline = simulate(problem, schedule_from_stages(problem, build(problem)))
         if baseline.peak_bytes[0] <= problem.budgets[0]:
             assert highs.objective <= baseline.total_cost + 1e-9
 
@@ -203,7 +204,7 @@ def test_minimum_budget_matches_brute_force(problem: Problem):
 @given(tiny_problems(max_ops=12))
 def test_baselines_are_valid(problem: Problem):
     for build in BASELINES.values():
-        simulate(problem, build(problem))
+        simulate(problem, schedule_from_stages(problem, build(problem)))
     assert keep_all(problem).recompute_count() == 0
 
 
@@ -300,7 +301,7 @@ def test_every_backend_passes_the_simulator_and_beats_every_fitting_baseline(pro
     lower = quick_lower_bound(problem)
     keep_peak = simulate(problem, keep_all(problem)).peak_bytes[0]
     problem = with_budget(problem, int(lower + fraction * (keep_peak - lower)))
-    fitting = [simulate(problem, build(problem)) for build in BASELINES.values()]
+    fitting = [simulate(problem, schedule_from_stages(problem, build(problem))) for build in BASELINES.values()]
     fitting = [s.total_cost for s in fitting if s.peak_bytes[0] <= problem.budgets[0]]
     for solver in SOLVERS:
         try:

@@ -1,15 +1,16 @@
-"""Time a 1000-operator training graph end to end: DenseNet-121's training step at batch 2, 64x64, `--budget min`.
+"""Time a 1000-operator training graph end to end: DenseNet-121's training step at batch 2, 64x64, `--budget min`
+(or another budget).
 
 Exports torchvision's DenseNet-121 (random weights, BatchNorm kept, the legacy exporter as tools/real_model_zoo.py
 does it) into a cache folder, then per repeat runs in fresh processes, each measuring its costs anew (an empty cost
 cache), as a new user would:
-- the command `onnx-remat MODEL OUT --mode train --budget min --time-limit T --report R`: wall time, peak RSS, and
+- the command `onnx-remat MODEL OUT --mode train --budget B --time-limit T --report R`: wall time, peak RSS, and
   from its report the minimum found, the proven bound and the recomputed nodes;
 - the same through the Python API's stages (prepare -> costed -> solve_at -> rewritten -> save), timing each phase;
   the minimum-budget search is solve_at's time less the solver's own.
 Prints a table, then the medians of the command's rows.
 
-    python tools/bench_scale.py [--time-limit 60] [--repeats 1] [--cache-dir DIR]
+    python tools/bench_scale.py [--time-limit 60] [--budget min] [--repeats 1] [--cache-dir DIR]
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ def run_measured(command: list[str], env: dict[str, str]) -> tuple[float, int, s
     return seconds, usage.ru_maxrss * 1024, text  # ru_maxrss is in KiB on Linux
 
 
-def command_row(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
+def command_row(model: Path, budget: str, time_limit: float, folder: Path) -> dict[str, float]:
     """The command's wall time, peak RSS and its report's figures."""
     report = folder / "report.json"
     env = {**os.environ, "XDG_CACHE_HOME": str(folder / "cache")}
     command = [sys.executable, "-m", "onnx_remat.cli.entry", str(model), str(folder / "out.onnx"), "--mode", "train",
-               "--budget", "min", "--time-limit", str(time_limit), "--report", str(report), "--force", "-q"]
+               "--budget", budget, "--time-limit", str(time_limit), "--report", str(report), "--force", "-q"]
     seconds, rss, _ = run_measured(command, env)
     return {"total": seconds, "rss": rss, **figures(json.loads(report.read_text()))}
 
@@ -74,7 +75,7 @@ def figures(report: dict) -> dict[str, float]:
             "operators": report["num_ops"]}
 
 
-def phases(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
+def phases(model: Path, budget: str, time_limit: float, folder: Path) -> dict[str, float]:
     """Each stage of `remat` timed (in this process), as the command runs them."""
     from onnx_remat.core.devices import get_devices
     from onnx_remat.pipeline import RematOptions, costed, prepare, rewritten, solve_at
@@ -85,7 +86,7 @@ def phases(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
     marks.append(time.perf_counter())
     problem = costed(prepared, options, get_devices(None), marks[0])
     marks.append(time.perf_counter())
-    solved = solve_at(problem, "min", options, marks[0])
+    solved = solve_at(problem, budget, options, marks[0])
     marks.append(time.perf_counter())
     result = rewritten(solved)
     marks.append(time.perf_counter())
@@ -98,9 +99,9 @@ def phases(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
             **figures(json.loads(result.report.to_json()))}
 
 
-def phases_row(model: Path, time_limit: float, folder: Path) -> dict[str, float]:
+def phases_row(model: Path, budget: str, time_limit: float, folder: Path) -> dict[str, float]:
     """`phases` in a fresh process, with its peak RSS."""
-    command = [sys.executable, __file__, "--phases-of", str(model), "--time-limit", str(time_limit),
+    command = [sys.executable, __file__, "--phases-of", str(model), "--budget", budget, "--time-limit", str(time_limit),
                "--cache-dir", str(folder)]
     _, rss, output = run_measured(command, dict(os.environ))
     return {**json.loads(output.strip().splitlines()[-1]), "rss": rss}
@@ -118,15 +119,16 @@ def line(label: str, row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--budget", default="min")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "onnx-remat-bench-scale")
     parser.add_argument("--phases-of", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phases_of:
-        print(json.dumps(phases(args.phases_of, args.time_limit, args.cache_dir)))
+        print(json.dumps(phases(args.phases_of, args.budget, args.time_limit, args.cache_dir)))
         return
     model = exported(args.cache_dir)
-    print(f"DenseNet-121 training, batch 2, 64x64, --budget min --time-limit {args.time_limit:g} "
+    print(f"DenseNet-121 training, batch 2, 64x64, --budget {args.budget} --time-limit {args.time_limit:g} "
           "(seconds; costs measured anew each run)")
     print(f"| run | {' | '.join(PHASES)} | total | peak RSS GB | min found MiB | proven MiB | recomputed nodes "
           "| time |")
@@ -134,10 +136,10 @@ def main() -> None:
     commands = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory(dir=args.cache_dir) as folder:
-            commands.append(command_row(model, args.time_limit, Path(folder)))
+            commands.append(command_row(model, args.budget, args.time_limit, Path(folder)))
             print(line(f"command {repeat + 1}", commands[-1]), flush=True)
         with tempfile.TemporaryDirectory(dir=args.cache_dir) as folder:
-            staged = phases_row(model, args.time_limit, Path(folder))
+            staged = phases_row(model, args.budget, args.time_limit, Path(folder))
             print(line(f"stages {repeat + 1}", staged), flush=True)
     print(f"operators {commands[0]['operators']:.0f}, costs {staged['costs from']}; command median "
           f"{statistics.median(c['total'] for c in commands):.1f} s, "

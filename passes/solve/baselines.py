@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
 from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve.liveness import holders_at_end, schedule_from_steps
+from onnx_remat.passes.solve.staged import StagedRun, staged_run
 
 ALL_LENGTHS_UP_TO = 48
 LONG_LENGTH_STEP = 1.08
@@ -44,12 +45,22 @@ def prune_unread(problem: Problem, schedule: Schedule) -> Schedule:
 
 def keep_all(problem: Problem) -> Schedule:
     """Topological order, every operator once, each output freed after its last use: no recomputation."""
-    return schedule_from_stages(problem, [[t] for t in range(problem.num_ops)])
+    return schedule_from_stages(problem, keep_all_stages(problem))
+
+
+def keep_all_stages(problem: Problem) -> list[list[int]]:
+    """The stages of `keep_all`: operator t alone in stage t."""
+    return [[t] for t in range(problem.num_ops)]
 
 
 def chen_sqrt_n(problem: Problem) -> Schedule:
     """Chen et al. 2016: ~sqrt(n) segments; only segment ends (and graph outputs) outlive their segment."""
-    return chen_segments(problem, max(1, math.ceil(math.sqrt(problem.num_ops))))
+    return schedule_from_stages(problem, chen_sqrt_n_stages(problem))
+
+
+def chen_sqrt_n_stages(problem: Problem) -> list[list[int]]:
+    """The stages of `chen_sqrt_n`."""
+    return chen_stages(problem, max(1, math.ceil(math.sqrt(problem.num_ops))))
 
 
 def chen_segments(problem: Problem, length: int) -> Schedule:
@@ -58,6 +69,11 @@ def chen_segments(problem: Problem, length: int) -> Schedule:
     An output of an earlier segment that is not a checkpoint is recomputed, from the checkpoints it
     depends on, when an operator needs it; it is then kept while the frontier stays in that segment.
     """
+    return schedule_from_stages(problem, chen_stages(problem, length))
+
+
+def chen_stages(problem: Problem, length: int) -> list[list[int]]:
+    """The stages of `chen_segments`."""
     checkpoints = {i for i in range(problem.num_ops) if (i + 1) % length == 0} | set(problem.graph_outputs)
     stages: list[list[int]] = []
     recomputed: set[int] = set()
@@ -67,7 +83,7 @@ def chen_segments(problem: Problem, length: int) -> Schedule:
         held = checkpoints | recomputed | set(range(t - t % length, t))
         stages.append(_needed(problem, t, held.__contains__))
         recomputed.update(stages[-1])
-    return schedule_from_stages(problem, stages)
+    return stages
 
 
 def segment_lengths(num_ops: int) -> list[int]:
@@ -93,13 +109,17 @@ def frontier_only(problem: Problem) -> Schedule:
     The least-memory baseline (and the costliest): it seeds the minimum-budget search and gives the
     MILP a warm start at budgets where Chen's checkpoints no longer fit.
     """
+    return schedule_from_stages(problem, frontier_only_stages(problem))
+
+
+def frontier_only_stages(problem: Problem) -> list[list[int]]:
+    """The stages of `frontier_only`."""
     outputs = set(problem.graph_outputs)
 
     def held_into(t: int) -> Callable[[int], bool]:
         return lambda p: p in outputs or p == t - 1
 
-    stages = [_needed(problem, t, held_into(t)) for t in range(problem.num_ops)]
-    return schedule_from_stages(problem, stages)
+    return [_needed(problem, t, held_into(t)) for t in range(problem.num_ops)]
 
 
 def _needed(problem: Problem, op: int, available: Callable[[int], bool]) -> list[int]:
@@ -113,11 +133,12 @@ def _needed(problem: Problem, op: int, available: Callable[[int], bool]) -> list
     return sorted(needed)
 
 
-BASELINES: dict[str, Callable[[Problem], Schedule]] = {
-    "keep-all": keep_all,
-    "chen-sqrt-n": chen_sqrt_n,
-    "frontier-only": frontier_only,
+BASELINES: dict[str, Callable[[Problem], list[list[int]]]] = {
+    "keep-all": keep_all_stages,
+    "chen-sqrt-n": chen_sqrt_n_stages,
+    "frontier-only": frontier_only_stages,
 }
+"""Each baseline's stages (`schedule_from_stages` makes them a schedule)."""
 
 
 def on_device(problem: Problem, device: int) -> Problem:
@@ -143,33 +164,51 @@ def placed(schedule: Schedule, device: int) -> Schedule:
     return Schedule(tuple(events))
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline run entirely on one device: its name ("baseline@device" when there are several devices), its peak
+    on each device and its cost, as the simulator measures them; its events are built when first asked for, since
+    only a chosen baseline's are used (frontier-only on DenseNet-121's training step: 1.15 million events, 3 s)."""
+
+    name: str
+    device: int
+    peak_bytes: tuple[int, ...]
+    total_cost: float
+    run: StagedRun = field(repr=False, compare=False)
+
+    def fits(self, budgets: Sequence[int]) -> bool:
+        """Whether every device's peak is within its budget."""
+        return all(peak <= budget for peak, budget in zip(self.peak_bytes, budgets, strict=True))
+
+    @functools.cached_property
+    def schedule(self) -> Schedule:
+        """The events, built once."""
+        return self.run.schedule(self.device)
+
+
 BASELINES_KEPT = 4
-"""Problems whose baselines are kept: the minimum-budget search, the solver and the report each ask for one problem's,
-and on DenseNet-121's 1650-operator training step frontier-only alone took 14 s to build and 3 s to simulate."""
+"""Problems whose baselines are kept: the minimum-budget search, the solver and the report each ask for one
+problem's."""
 
 
-def simulated_baselines(problem: Problem) -> tuple[tuple[str, Schedule, Simulation], ...]:
-    """Every baseline run entirely on each device in turn, named "baseline@device" when there are several, with its
-    simulation; built once per problem whatever its budgets, which neither reads."""
-    return _simulated_baselines(replace(problem, budgets=(0,) * problem.num_devices))
+def baselines_of(problem: Problem) -> tuple[Baseline, ...]:
+    """Every baseline run entirely on each device in turn; figured once per problem whatever its budgets, which
+    neither reads."""
+    return _baselines_of(replace(problem, budgets=(0,) * problem.num_devices))
 
 
 @functools.lru_cache(maxsize=BASELINES_KEPT)
-def _simulated_baselines(problem: Problem) -> tuple[tuple[str, Schedule, Simulation], ...]:
-    """`simulated_baselines` of a problem with its budgets zeroed, kept for the next caller."""
+def _baselines_of(problem: Problem) -> tuple[Baseline, ...]:
+    """`baselines_of` a problem with its budgets zeroed, kept for the next caller."""
     found = []
-    for device, name in enumerate(problem.devices):
-        single = on_device(problem, device)
-        for baseline, build in BASELINES.items():
-            schedule = placed(build(single), device)
-            found.append((baseline if problem.num_devices == 1 else f"{baseline}@{name}", schedule,
-                          simulate(problem, schedule)))
+    for device, device_name in enumerate(problem.devices):
+        for name, stages in BASELINES.items():
+            run = staged_run(problem, stages(on_device(problem, device)))
+            peaks = tuple(run.peak_bytes(problem, device) if d == device else resident
+                          for d, resident in enumerate(problem.resident_bytes))
+            label = name if problem.num_devices == 1 else f"{name}@{device_name}"
+            found.append(Baseline(label, device, peaks, run.compute_cost(problem, device), run))
     return tuple(found)
-
-
-def placed_baselines(problem: Problem) -> Iterator[tuple[str, Schedule]]:
-    """The schedules of `simulated_baselines`, by name."""
-    return ((label, schedule) for label, schedule, _ in simulated_baselines(problem))
 
 
 def fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Iterator[tuple[Schedule, Simulation]]:
@@ -193,6 +232,6 @@ def best_segmented(problem: Problem) -> Schedule | None:
 
 def best_baseline(problem: Problem) -> Schedule | None:
     """The cheapest baseline on one device that fits every device's budget (the first of equals), or None."""
-    fits = [(simulation.total_cost, schedule) for _, schedule, simulation in simulated_baselines(problem)
-            if simulation.fits(problem.budgets)]
-    return min(fits, key=lambda found: found[0], default=(0.0, None))[1]
+    fits = [baseline for baseline in baselines_of(problem) if baseline.fits(problem.budgets)]
+    best = min(fits, key=lambda baseline: baseline.total_cost, default=None)
+    return None if best is None else best.schedule

@@ -20,13 +20,7 @@ from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
-from onnx_remat.passes.solve.baselines import (
-    fitting,
-    on_device,
-    placed,
-    segmentations,
-    simulated_baselines,
-)
+from onnx_remat.passes.solve.baselines import baselines_of, fitting, on_device, placed, segmentations
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, too_large
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.offload import offload
@@ -115,15 +109,16 @@ def _bounded_highs(model: CheckmateModel, seconds: float, warm_start: np.ndarray
 
 
 def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[int, Schedule]]:
-    """(peak on `device`, schedule) of the baselines, of the eviction heuristic at the least budget of `device` it
-    fits, and (until `deadline`) of Chen's segments at every length on one device, among those that fit every other
-    device's budget."""
+    """(peak on `device`, schedule) of the baseline peaking least there, of the eviction heuristic at the least
+    budget of `device` it fits, and (until `deadline`) of Chen's segments at every length on one device, among those
+    that fit every other device's budget."""
 
     def fits_others(peaks: tuple[int, ...]) -> bool:
         return all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device)
 
-    found = [(simulation.peak_bytes[device], schedule) for _, schedule, simulation in simulated_baselines(problem)
-             if fits_others(simulation.peak_bytes)]
+    least = min((b for b in baselines_of(problem) if fits_others(b.peak_bytes)), key=lambda b: b.peak_bytes[device],
+                default=None)  # the only baseline that can be the least: its events alone are built
+    found = [] if least is None else [(least.peak_bytes[device], least.schedule)]
     segmented = (
         placed(schedule, d)
         for d in range(problem.num_devices)
@@ -217,7 +212,7 @@ def fits_equal_budget(problem: Problem, budget: int) -> bool:
 def _fitting_equal(problem: Problem, budget: int) -> Schedule | None:
     """A heuristic schedule (the offloading heuristic or a baseline) within `budget` on every device, or None."""
     equal = replace(problem, budgets=(budget,) * problem.num_devices)
-    baselines = (schedule for _, schedule, simulation in simulated_baselines(equal) if simulation.fits(equal.budgets))
+    baselines = (baseline.schedule for baseline in baselines_of(equal) if baseline.fits(equal.budgets))
     return _evicting(equal) or next(baselines, None)
 
 

@@ -24,7 +24,6 @@ from onnx_remat.core.files import check_outputs, write_atomically
 from onnx_remat.core.options import DEFAULT_TIME_LIMIT, LAST_SECONDS
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Event, Schedule
-from onnx_remat.passes.simulate import simulate
 from onnx_remat.problem_file import read_problem
 
 if TYPE_CHECKING:
@@ -110,15 +109,11 @@ def with_budgets(problem: Problem, text: str, time_limit: float) -> tuple[Proble
 
 def baseline_rows(problem: Problem) -> dict[str, dict[str, Any]]:
     """Predicted seconds, peak bytes per device and whether it fits, for keep-all and Chen on each device."""
-    from onnx_remat.passes.solve.baselines import placed_baselines
+    from onnx_remat.passes.solve.baselines import baselines_of
 
-    rows = {}
-    for name, schedule in placed_baselines(problem):
-        if name.split("@")[0] in SHOWN_BASELINES:
-            simulation = simulate(problem, schedule)
-            rows[name] = {"seconds": simulation.total_cost, "peak_bytes": list(simulation.peak_bytes),
-                          "fits": simulation.fits(problem.budgets)}
-    return rows
+    return {baseline.name: {"seconds": baseline.total_cost, "peak_bytes": list(baseline.peak_bytes),
+                            "fits": baseline.fits(problem.budgets)}
+            for baseline in baselines_of(problem) if baseline.name.split("@")[0] in SHOWN_BASELINES}
 
 
 def summary_lines(problem: Problem, result: SolveResult, baselines: dict[str, dict[str, Any]]) -> list[str]:

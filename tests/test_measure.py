@@ -83,3 +83,13 @@ def test_variadic_sum_scratch_is_predicted(tmp_path, inputs):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     measured, predicted = measured_and_predicted(model, tmp_path / "sum.onnx")
     assert measured == pytest.approx(predicted, rel=0.1)
+
+
+def test_hardswish_intermediate_is_predicted(tmp_path):
+    """onnxruntime runs HardSwish as HardSigmoid then Mul: without the HardSigmoid output it measured 2x its
+    prediction."""
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1024, 1024]) for name in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("HardSwish", ["x"], ["y"])], "hardswish", values[:1], values[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    measured, predicted = measured_and_predicted(model, tmp_path / "hardswish.onnx")
+    assert measured == pytest.approx(predicted, rel=0.1)

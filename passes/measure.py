@@ -3,9 +3,9 @@
 The child loads the session (weights), runs once to warm up, resets the high-water mark
 (`5` into /proc/self/clear_refs), runs again and reads VmHWM: the peak above the resident set
 before the run is what the run's live tensors and scratch buffers took. A fresh process per
-measurement keeps allocator state from earlier runs out of it, and glibc is told to serve every
-block of a page (4 KiB) or more with its own mmap, so a freed tensor leaves the resident set at once (as it
-does in a device allocator). Without that, glibc raises its mmap threshold after the first free of
+measurement keeps allocator state from earlier runs out of it, and glibc is told to map every
+block of a page (4 KiB) or more on its own when it has to grow (a free chunk of its heap large enough still serves
+first), so a freed tensor leaves the resident set at once (as it does in a device allocator). Without that, glibc raises its mmap threshold after the first free of
 a large block, serves later tensors from the heap, and the warm-up run leaves the heap touched:
 the measured peak then drops to a fraction of the live tensors. At a 64 KiB threshold the many small tensors of a
 training step (BatchNorm statistics and gradients, late DenseNet blocks) fragment the heap instead: the first run

@@ -51,8 +51,8 @@ from onnx_remat.core.devices import Device
 from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
+from onnx_remat.passes.sizes import PAGE_BYTES
 
-PAGE_BYTES = 4096
 _LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
 
 

@@ -54,13 +54,13 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
     if node.op_type == "ConvTranspose":
         return FLOAT_BYTES * _conv_transpose_floats(node, infos)
     if node.op_type == "Where":
-        return 2 * infos[name_of(node.outputs[0])].nbytes
+        return 2 * infos[name_of(node.outputs[0])].allocated_bytes
     if node.op_type == "ScatterElements":
         return INDEX_BYTES * math.prod(infos[name_of(node.inputs[1])].shape)
     if node.op_type in VARIADIC_OPS and len([value for value in node.inputs if value is not None]) >= 3:
-        return infos[name_of(node.outputs[0])].nbytes
+        return infos[name_of(node.outputs[0])].allocated_bytes
     if node.op_type in INLINED_OPS:
-        return infos[name_of(node.outputs[0])].nbytes
+        return infos[name_of(node.outputs[0])].allocated_bytes
     if node.op_type in RECURRENT_GATES:
         return FLOAT_BYTES * _recurrent_floats(node, infos)
     return 0

@@ -65,7 +65,7 @@ def build_problem(
                  if value.name and (value.is_graph_output() or value in handed)] for group in ops]
     held = {*graph.initializers, *(named(value) for value in graph.inputs),
             *(value.name for name in prelude for value in nodes[name].outputs if value.name)}
-    resident = sum(infos[name].nbytes for name in held if name in infos)
+    resident = sum(infos[name].allocated_bytes for name in held if name in infos)
     output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
@@ -155,7 +155,7 @@ def _buffer_bytes(nodes: list[ir.Node], exported: list[str], infos: dict[str, Te
     view of a resident tensor (a graph input, a weight) counts nothing."""
     owner = shared_buffers(nodes, graph_outputs)
     buffers = {owner.get(name, name) for name in exported} - resident
-    return sum(infos[name].nbytes for name in buffers if name in infos)
+    return sum(infos[name].allocated_bytes for name in buffers if name in infos)
 
 
 def _group_workspace(
@@ -182,7 +182,7 @@ def _group_workspace(
             out = value.name
             if not out or out in owner:
                 continue
-            size = infos[out].nbytes if out in infos else 0
+            size = infos[out].allocated_bytes if out in infos else 0
             if out in output_buffers:
                 written += size
             else:

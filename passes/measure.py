@@ -3,10 +3,12 @@
 The child loads the session (weights), runs once to warm up, resets the high-water mark
 (`5` into /proc/self/clear_refs), runs again and reads VmHWM: the peak above the resident set
 before the run is what the run's live tensors and scratch buffers took. A fresh process per
-measurement keeps allocator state from earlier runs out of it, and glibc is told to serve every
-block of a page (4 KiB) or more with its own mmap, so a freed tensor leaves the resident set at once (as it
-does in a device allocator). Without that, glibc raises its mmap threshold after the first free of
-a large block, serves later tensors from the heap, and the warm-up run leaves the heap touched:
+measurement keeps allocator state from earlier runs out of it, and glibc is told to map every
+block of a page (4 KiB) or more on its own when it has to grow (a free chunk of its heap large
+enough still serves first), so a freed tensor leaves the resident set at once (as it does in a
+device allocator); such a block takes whole pages (`sizes.allocated_bytes`). Without that, glibc
+raises its mmap threshold after the first free of a large block, serves later tensors from the
+heap, and the warm-up run leaves the heap touched:
 the measured peak then drops to a fraction of the live tensors. At a 64 KiB threshold the many small tensors of a
 training step (BatchNorm statistics and gradients, late DenseNet blocks) fragment the heap instead: the first run
 left 3.8-4.2 MiB of it resident on DenseNet-121's minimum-budget training step, which `measure_devices` counts as
@@ -28,10 +30,10 @@ import onnx_ir as ir
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.shapes import resolve_shapes
-from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.sizes import MMAP_THRESHOLD, tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4096", "MALLOC_TRIM_THRESHOLD_": "0"}
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: int = 1) -> int:
@@ -55,7 +57,8 @@ def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     live: dict[str, int] = {}
     peak = 0
     for index, node in enumerate(nodes):
-        live.update((name, infos[name].nbytes) for name in map(name_of, node.outputs) if name and name not in owner)
+        live.update((name, infos[name].allocated_bytes) for name in map(name_of, node.outputs)
+                    if name and name not in owner)
         peak = max(peak, sum(live.values()) + workspace_bytes(node, infos, threads))
         live = {name: size for name, size in live.items() if last_use.get(name, len(nodes)) > index}
     return peak
@@ -66,7 +69,7 @@ def held_before_run(model: onnx.ModelProto) -> int:
     by constants alone (a report's resident prelude) run inside the run and count as activations there."""
     infos = tensor_infos(model)
     names = {init.name for init in model.graph.initializer} | {value.name for value in model.graph.input}
-    return sum(infos[name].nbytes for name in names)
+    return sum(infos[name].allocated_bytes for name in names)
 
 
 def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = None) -> int:

@@ -9,7 +9,8 @@ step it resets the high-water mark (`5` into /proc/self/clear_refs) and reads Vm
 measured peak at a step is
 
     parameter bytes its segments read (`Plan.parameter_bytes`; the engines' own copies of them are not counted)
-  + bytes of the values the executor holds on the device (each value's real size, `Runtime.nbytes`)
+  + bytes the values the executor holds on the device take (`resident_bytes`: a value glibc mapped on its own takes
+    whole pages, its header in the first; one in the main heap its data size)
   + what its runtime kept from the warm-up run (below)
   + for a segment on the device: VmHWM - VmRSS before it (its outputs, intermediates and scratch)
 
@@ -21,10 +22,13 @@ released after each call) it is near zero; a runtime that caches buffers shows u
 resident set before the step. Not counted: the host's part of a copy (the array in host memory while it moves),
 graph inputs held on the host, and the engines' code, graphs and compiled kernels.
 
-Page granularity and allocator slack (blocks below the mmap threshold, 4 KiB, come from the heap; each block above
-takes whole pages) make small tensors measure poorly. On DenseNet-121's training step the runtime keeps 1.4-1.5 MiB
-after its first run, where its 479 graph outputs under 4 KiB take 0.6 MiB of heap (1024 held outputs of 16 KiB measured
-their data size, nothing kept). Compare against predictions on models with larger tensors.
+Page granularity and allocator slack make small tensors measure poorly. glibc maps a block of 4 KiB or more on its
+own only when it has to grow: a free chunk of the heap large enough serves it first, so a held value takes whole pages
+or its bytes depending on where it landed, which its address tells (256 held outputs of 64 KiB take 17 pages each,
+measured 17.0 MiB; counted at their data size they came to 16.8). Blocks under 4 KiB come from the heap, which does
+not shrink below its highest live block: on DenseNet-121's training step the runtime keeps 0.8-1.6 MiB after its
+first run, where its 479 graph outputs under 4 KiB take 0.6 MiB of heap, and on MobileNetV3-small's 0.4-0.6 MiB
+(1571 tensors under 4 KiB, 0.9 MiB in all). Compare against predictions on models with larger tensors.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
+from onnx_remat.passes.sizes import PAGE_BYTES
 
 _LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
 
@@ -92,6 +98,29 @@ def _save_model(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(copy, str(path), save_as_external_data=True, location="weights.bin")
 
 
+def heap_span() -> range:
+    """The addresses of this process's main heap (glibc's brk arena), empty if it has none."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if line.rstrip().endswith("[heap]"):
+                start, end = (int(part, 16) for part in line.split()[0].split("-"))
+                return range(start, end)
+    return range(0)
+
+
+def resident_bytes(address: int, nbytes: int, heap: range) -> int:
+    """Resident bytes of `nbytes` of data at `address`: its size inside the main heap (it shares pages there), else
+    the whole pages of its own mapping, whose first page also holds glibc's header and alignment padding."""
+    if nbytes == 0 or address in heap:
+        return nbytes
+    return -(-(address % PAGE_BYTES + nbytes) // PAGE_BYTES) * PAGE_BYTES
+
+
+def _address(value: Any) -> int:
+    """Where a device value's data starts: an OrtValue's data pointer, else (an OpenVINO tensor) its array's."""
+    return value.data_ptr() if isinstance(value, ort.OrtValue) else value.data.ctypes.data
+
+
 class _Watch:
     """A Probe that measures per device: held bytes, the segment's rise above RSS, and what runtimes keep."""
 
@@ -104,9 +133,11 @@ class _Watch:
         self.rss_before = 0
 
     def held(self, values: dict[Key, Any], device: int) -> int:
-        """Bytes of the values held on `device` (never graph inputs on the host: their device is run_devices.HOST)."""
-        runtime = self.runtimes[device]
-        return sum(runtime.nbytes(value) for (_, where), value in values.items() if where == device)
+        """Resident bytes of the values held on `device` (never graph inputs on the host: their device is
+        run_devices.HOST)."""
+        runtime, heap = self.runtimes[device], heap_span()
+        return sum(resident_bytes(_address(value), runtime.nbytes(value), heap)
+                   for (_, where), value in values.items() if where == device)
 
     def before(self, index: int, values: dict[Key, Any]) -> None:
         reset_high_water_mark()

@@ -434,7 +434,7 @@ class _Planner:
         for device in range(len(self.devices)):
             used = {name for step in steps if isinstance(step, Segment) and step.device == device
                     for node in step.model.graph.node for name in node.input if name in self.initializers}
-            parameters[device] = sum(self.infos[name].nbytes for name in used)
+            parameters[device] = sum(self.infos[name].allocated_bytes for name in used)
         return tuple(parameters)
 
     def _peaks(
@@ -446,13 +446,13 @@ class _Planner:
         for step, dropped in zip(steps, drops, strict=True):
             if isinstance(step, Segment):
                 here = held[step.device]
-                here.update((name, self.infos[name].nbytes) for name, _ in step.uploads)
+                here.update((name, self.infos[name].allocated_bytes) for name, _ in step.uploads)
                 running = parameters[step.device] + sum(here.values()) + step.activation_bytes
                 peaks[step.device] = max(peaks[step.device], running)
-                here.update((name, self.infos[name].nbytes) for name in step.outputs)
+                here.update((name, self.infos[name].allocated_bytes) for name in step.outputs)
             else:
                 here = held[step.target]
-                here[step.target_name] = self.infos[step.target_name].nbytes
+                here[step.target_name] = self.infos[step.target_name].allocated_bytes
                 peaks[step.target] = max(peaks[step.target], parameters[step.target] + sum(here.values()))
             for name, device in dropped:
                 del held[device][name]

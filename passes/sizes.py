@@ -1,4 +1,5 @@
-"""Shape, element type and byte size of every tensor of a model whose shapes are resolved."""
+"""Shape, element type and byte size of every tensor of a model whose shapes are resolved, and the bytes it takes
+when onnxruntime's CPU allocator holds it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx import helper
+
+PAGE_BYTES = 4096
+MMAP_THRESHOLD = PAGE_BYTES
+"""glibc maps a block this large or larger on its own (the measurement sets it: `measure.MALLOC_ENV`)."""
+ALIGNED_BLOCK_OVERHEAD = 96
+"""Bytes glibc asks for beyond a tensor's data: onnxruntime aligns it to 64 bytes, and an aligned block takes that
+much slack and a minimum chunk (32) more; the data then starts 64 bytes into its first page."""
+DATA_OFFSET = 64
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,19 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.numel * np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type)).itemsize
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes the tensor takes in onnxruntime's CPU allocator: a block glibc maps on its own takes whole pages,
+        its header in the first (16 KiB of data take 20 KiB); a smaller one its data, in heap pages it shares."""
+        return allocated_bytes(self.nbytes)
+
+
+def allocated_bytes(nbytes: int) -> int:
+    """Resident bytes of an onnxruntime CPU tensor of `nbytes` (see TensorInfo.allocated_bytes)."""
+    if nbytes + ALIGNED_BLOCK_OVERHEAD < MMAP_THRESHOLD:
+        return nbytes
+    return -(-(nbytes + DATA_OFFSET) // PAGE_BYTES) * PAGE_BYTES
 
 
 def tensor_infos(model: ir.Model | onnx.ModelProto) -> dict[str, TensorInfo]:

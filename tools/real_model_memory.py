@@ -3,15 +3,18 @@
 For each architecture of the zoo, exporter and mode (infer, train), the model is rewritten at keep-all (100%), 50% and
 its minimum, and each rewrite is run by `onnx-remat run`'s machinery on one onnxruntime CPU device, with its peak
 measured in a fresh process. The table gives, per rewrite: the budget, the report's predicted peak, `run`'s predicted
-peak, the measured peak and its ratio to the report's prediction, and whether the rewrite measures no heavier than
-the keep-all one (the model as it runs without onnx-remat's recomputation).
+peak, the measured peak (the median over `--repeats` fresh processes, each the median of 3 runs, and their range)
+and its ratio to the report's prediction, and whether the rewrite measures no heavier than the keep-all one (the
+model as it runs without onnx-remat's recomputation, when 100% is among `--budgets`).
 
     python tools/real_model_memory.py --models resnet18,gpt,lstm --exporters legacy --modes infer,train
+    python tools/real_model_memory.py --models mobilenet_v3_small --modes train --budgets min --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -19,8 +22,12 @@ from pathlib import Path
 
 from real_model_zoo import ARCHITECTURES, EXPORTERS, architecture, export
 
+from onnx_remat.core.devices import get_devices
 from onnx_remat.core.errors import RematError
-from onnx_remat.execution import run_on_devices
+from onnx_remat.execution import input_values, run_on_devices
+from onnx_remat.passes import load
+from onnx_remat.passes.measure_devices import measure_device_peaks
+from onnx_remat.passes.run_devices import build_plan
 from onnx_remat.pipeline import TrainingOptions, remat
 
 MIB = 2**20
@@ -49,17 +56,22 @@ class Measured:
     budget_bytes: int | None = None
     report_peak: int | None = None
     run_peak: int | None = None
-    measured_peak: int | None = None
+    measured_peaks: tuple[int, ...] = ()
     recomputed_nodes: int | None = None
     failure: str = ""
+
+    @property
+    def measured_peak(self) -> int | None:
+        return int(statistics.median(self.measured_peaks)) if self.measured_peaks else None
 
     @property
     def ratio(self) -> float | None:
         return None if not (self.report_peak and self.measured_peak) else self.measured_peak / self.report_peak
 
 
-def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: Path, time_limit: float) -> Measured:
-    """Rewrite `path` at `budget`, run the rewrite once on the CPU and measure its peak."""
+def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: Path, time_limit: float,
+            repeats: int) -> Measured:
+    """Rewrite `path` at `budget`, run the rewrite once on the CPU and measure its peak in `repeats` fresh processes."""
     row = Measured(name, batch, exporter, mode, budget)
     try:
         result = remat(path, budget, mode=mode, training=TrainingOptions(loss=architecture(name).loss),
@@ -73,7 +85,10 @@ def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: 
     row.budget_bytes = result.report.budget_bytes
     row.report_peak = result.report.predicted_peak_bytes
     (row.run_peak,) = run.predicted_peak_bytes.values()
-    (row.measured_peak,) = run.measured_peak_bytes.values()
+    model = load.load_model(out)
+    plan, feeds = build_plan(model, get_devices(None)), input_values(model, None)
+    row.measured_peaks = (*run.measured_peak_bytes.values(),
+                          *(measure_device_peaks(plan, feeds).peak_bytes[0] for _ in range(repeats - 1)))
     row.recomputed_nodes = result.report.recomputed_nodes
     return row
 
@@ -82,8 +97,12 @@ def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / MIB:.2f}"
 
 
+def _range(values: tuple[int, ...]) -> str:
+    return "-" if not values else f"{min(values) / MIB:.2f}-{max(values) / MIB:.2f}"
+
+
 COLUMNS = ("model", "batch", "exporter", "mode", "budget", "budget MiB", "report peak MiB", "run peak MiB",
-           "measured MiB", "measured/report", "recomputed nodes", "within budget", "within 10%",
+           "measured MiB", "measured range MiB", "measured/report", "recomputed nodes", "within budget", "within 10%",
            "no heavier than keep-all (0.5%)", "failure")
 
 
@@ -92,7 +111,8 @@ def _row(row: Measured, keep_all: Measured | None) -> list[str]:
     lighter = "-" if keep_all is None or None in (measured, keep_all.measured_peak) else \
         ("yes" if measured <= keep_all.measured_peak * (1 + MEASUREMENT_NOISE) else "NO")
     return [row.model, str(row.batch), row.exporter, row.mode, row.budget, _mib(row.budget_bytes),
-            _mib(row.report_peak), _mib(row.run_peak), _mib(measured), "-" if row.ratio is None else f"{row.ratio:.3f}",
+            _mib(row.report_peak), _mib(row.run_peak), _mib(measured), _range(row.measured_peaks),
+            "-" if row.ratio is None else f"{row.ratio:.3f}",
             "-" if row.recomputed_nodes is None else str(row.recomputed_nodes),
             "-" if measured is None else ("yes" if measured <= row.budget_bytes else "NO"),
             "-" if row.ratio is None else ("yes" if abs(row.ratio - 1) <= PREDICTION_TOLERANCE else "NO"),
@@ -105,6 +125,9 @@ def main() -> None:
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each rewrite may take")
+    parser.add_argument("--budgets", default=",".join(BUDGETS), help="budgets to rewrite at (100%% first gives the "
+                        "keep-all peak the others are compared with)")
+    parser.add_argument("--repeats", type=int, default=1, help="fresh-process measurements of each rewrite")
     parser.add_argument("--batch", type=int, default=None,
                         help="rows per input (default 32, more for the small-tensor models of BATCHES): tensors under "
                         "the measurement's mmap threshold come from a heap the warm-up run touched and escape the "
@@ -119,9 +142,9 @@ def main() -> None:
                 path = export(name, exporter, Path(folder) / f"{name}.{exporter}.onnx", batch=batch)
                 for mode in args.modes.split(","):
                     keep_all = None
-                    for budget in BUDGETS:
-                        row = measure(name, batch, exporter, mode, budget, path, args.time_limit)
-                        keep_all = keep_all or row
+                    for budget in args.budgets.split(","):
+                        row = measure(name, batch, exporter, mode, budget, path, args.time_limit, args.repeats)
+                        keep_all = keep_all or (row if budget == "100%" else None)
                         lines.append("| " + " | ".join(_row(row, None if row is keep_all else keep_all)) + " |")
                         print(lines[-1], file=sys.stderr, flush=True)
     print("\n".join(lines))

@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from test_multidevice import two_device_problems
-from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems, training_chain, with_budget
+from test_solver import (
+    between_minimum_and_keep_all,
+    brute_force,
+    make_problem,
+    tiny_problems,
+    training_chain,
+    with_budget,
+)
 
 import onnx_remat
 from onnx_remat.core.errors import InfeasibleBudgetError, ModelError, ScheduleError
@@ -102,6 +109,20 @@ def test_the_constraint_changes_the_optimum_of_a_training_chain():
     assert not computed_again(once, constrained.schedule)
     assert constrained.objective > unconstrained.objective
     assert minimum_budget(once).feasible > minimum_budget(free).feasible
+
+
+def test_eviction_heuristic_gives_up_where_it_would_recompute_one():
+    """0 -> 1 -> 2 -> 3 -> 4, and 1 -> 4, within 11 bytes: 1 is evicted while 3 runs and recomputed for 4, which
+    needs 0 again. Computed once, 0 was freed after its last reader 1: the heuristic finds no schedule rather than
+    recompute it, and the MILP holds 0 (1 byte) through instead."""
+    free = with_budget(make_problem(5, [(0, 1), (1, 2), (2, 3), (3, 4), (1, 4)], [1, 5, 5, 5, 1], [1] * 5), 11)
+    evicting = offload(free, 0)
+    assert evicting is not None and Counter(c.op for c in evicting.computes)[0] == 2
+    once = replace(free, computed_once=(0,))
+    assert offload(once, 0) is None
+    result = solve(once, "highs")
+    check_schedule(once, result.schedule)
+    assert not computed_again(once, result.schedule) and result.schedule.recompute_count() == 1
 
 
 @FEW

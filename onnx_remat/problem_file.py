@@ -1,6 +1,6 @@
 """Problem files: the solver's Problem as documented JSON, so results can be reproduced and other solvers compared.
 
-Format (version 1), one JSON object; every key is required, no other key is allowed:
+Format (version 1), one JSON object; every key is required but `computed_once`, no other key is allowed:
 
     {
       "format": "onnx-remat-problem",
@@ -12,7 +12,8 @@ Format (version 1), one JSON object; every key is required, no other key is allo
         {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0}, ...
       ],
       "edges": [[0, 1], ...],
-      "graph_outputs": [7, ...]
+      "graph_outputs": [7, ...],
+      "computed_once": [3, ...]
     }
 
 - `devices[d]`: the device's name, the bytes it holds for the whole run (parameters, graph inputs) and its
@@ -23,6 +24,8 @@ Format (version 1), one JSON object; every key is required, no other key is allo
   of its output, and the transient bytes it needs while it runs.
 - `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
 - `graph_outputs`: operators whose output must still be held on some device when the run ends.
+- `computed_once`: operators that may be computed only once (random ones: Dropout in training, RandomUniformLike...);
+  their output is held or copied until its last use. Optional on reading (files written before it: none).
 
 Sizes are whole non-negative bytes, times non-negative seconds. A file that breaks any of this is refused on
 reading with a ModelError (exit code 3: an unusable input) naming the field and what to fix.
@@ -44,6 +47,7 @@ VERSION = 1
 _TOP_KEYS = (
     "format", "version", "devices", "copy_seconds_per_byte", "copy_fixed_seconds", "operators", "edges", "graph_outputs"
 )
+_OPTIONAL_TOP_KEYS = ("computed_once",)
 _DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
 _OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
 
@@ -70,6 +74,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
         ],
         "edges": [list(edge) for edge in problem.edges],
         "graph_outputs": list(problem.graph_outputs),
+        "computed_once": list(problem.computed_once),
     }
 
 
@@ -97,7 +102,7 @@ def read_problem(path: str | Path) -> Problem:
 
 def problem_from_json(data: Any, where: str = "problem") -> Problem:
     """The Problem described by a parsed problem file; raise ModelError naming the first bad field."""
-    top = _object(data, where, _TOP_KEYS)
+    top = _object(data, where, _TOP_KEYS, _OPTIONAL_TOP_KEYS)
     if top["format"] != FORMAT:
         raise ModelError(f'{where}: "format" must be {FORMAT!r}, not {top["format"]!r}')
     if top["version"] != VERSION:
@@ -120,6 +125,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
     outputs = tuple(
         _index(o, n, f"{where}: graph_outputs[{k}]") for k, o in enumerate(_list(top, "graph_outputs", where))
     )
+    once = _computed_once(top, n, where)
     return Problem(
         op_names=tuple(_text(op["name"], f"{where}: operators[{i}].name") for i, op in enumerate(operators)),
         edges=edges,
@@ -138,20 +144,32 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         ),
         copy_seconds_per_byte=copy,
         copy_fixed_seconds=fixed,
+        computed_once=once,
     )
 
 
-def _object(value: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    """`value` as an object with exactly `keys`."""
+def _object(value: Any, where: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`value` as an object with exactly `keys`, and any of `optional`."""
     if not isinstance(value, dict):
         raise ModelError(f"{where} must be a JSON object with keys {', '.join(keys)}")
     missing = [key for key in keys if key not in value]
     if missing:
         raise ModelError(f"{where} lacks {', '.join(map(repr, missing))}: every one of {', '.join(keys)} is required")
-    extra = sorted(set(value) - set(keys))
+    extra = sorted(set(value) - set(keys) - set(optional))
     if extra:
-        raise ModelError(f"{where} has unknown keys {', '.join(map(repr, extra))}: allowed are {', '.join(keys)}")
+        allowed = ", ".join((*keys, *optional))
+        raise ModelError(f"{where} has unknown keys {', '.join(map(repr, extra))}: allowed are {allowed}")
     return value
+
+
+def _computed_once(top: dict[str, Any], n: int, where: str) -> tuple[int, ...]:
+    """The distinct operator indices of the optional "computed_once" list (none if absent)."""
+    if "computed_once" not in top:
+        return ()
+    once = tuple(_index(o, n, f"{where}: computed_once[{k}]") for k, o in enumerate(_list(top, "computed_once", where)))
+    if len(set(once)) != len(once):
+        raise ModelError(f"{where}: computed_once {list(once)} repeats an operator: list each once")
+    return once
 
 
 def _list(top: dict[str, Any], key: str, where: str) -> list[Any]:

@@ -2,7 +2,8 @@
 
 An operator is a group of nodes: one node in inference, a forward node or the nodes of its
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
-plumbing fed only by initializers) run once up front and their outputs count as resident. Edges and hand-offs come
+plumbing fed only by initializers) run once up front and their outputs count as resident. An operator with a
+node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
 from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included).
 """
 
@@ -17,6 +18,7 @@ from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import named
+from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.sizes import TensorInfo
 
@@ -83,6 +85,7 @@ def build_problem(
             for group, outs, size in zip(ops, exported, output_bytes, strict=True)
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
+        computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()

@@ -164,14 +164,14 @@ def subgraph_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
     """For every subgraph at any depth under `graph`'s nodes, the node of `graph` it belongs to."""
     owners: dict[ir.Graph, ir.Node] = {}
     for node in graph:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             owners[sub] = node
             for inner in ir.traversal.RecursiveGraphIterator(sub):
-                owners.update(dict.fromkeys(_subgraphs(inner), node))
+                owners.update(dict.fromkeys(subgraphs(inner), node))
     return owners
 
 
-def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
     """The graphs `node`'s attributes hold (an If's branches, a Loop's or Scan's body)."""
     for attribute in node.attributes.values():
         if attribute.type == ir.AttributeType.GRAPH:

@@ -4,7 +4,8 @@ Semantics: each device always holds its resident bytes. `Compute` needs every in
 and its own output absent there; while it runs the device holds its output plus its workspace, after
 it the workspace is released and the output stays. `Free` needs the output present. `Copy` needs it
 on the source and absent on the target, then holds it on both. At the end every graph output is held
-on some device and every operator has been computed at least once.
+on some device and every operator has been computed at least once; an operator the problem computes once
+(`Problem.computed_once`, a random one) is computed exactly once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class _Replay:
         self.peak = list(problem.resident_bytes)
         self.trace: list[list[int]] = [[] for _ in problem.devices]
         self.computed: set[int] = set()
+        self.once = frozenset(problem.computed_once)
         self.compute_cost = 0.0
         self.copy_cost = 0.0
         self.stage = 0
@@ -76,6 +78,11 @@ class _Replay:
             raise ScheduleError(
                 f"event #{index}: operator {self.name(event.op)} is computed on device {event.device} "
                 "while its output is already held there"
+            )
+        if event.op in self.once and event.op in self.computed:
+            raise ScheduleError(
+                f"event #{index}: operator {self.name(event.op)} is computed again, but it may be computed only "
+                "once (a random operator: another run draws other values): hold or copy its output instead"
             )
         size = self.problem.output_bytes[event.op]
         running = self.memory[event.device] + size + self.problem.workspace_bytes[event.op]

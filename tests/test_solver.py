@@ -142,16 +142,17 @@ def subsets(items) -> list[frozenset]:
 def brute_force(problem: Problem, objective: str, budget: float = float("inf")) -> float | None:
     """Dynamic program over the held set between stages: every recompute set and every kept set.
 
-    objective "cost": cheapest schedule with every stage peak within `budget`; "peak": smallest peak.
+    objective "cost": cheapest schedule with every stage peak within `budget`; "peak": smallest peak. An operator
+    computed once (problem.computed_once) is never in a recompute set.
     """
-    n, outputs = problem.num_ops, frozenset(problem.graph_outputs)
+    n, outputs, once = problem.num_ops, frozenset(problem.graph_outputs), frozenset(problem.computed_once)
     # Keeping an output nothing reads (not even a recomputation) and that is no graph output never helps.
     states: dict[frozenset, float] = {frozenset(): 0.0}
     for t in range(n):
         useful = {i for i in range(t + 1) if i in outputs or problem.successors[i]}
         following: dict[frozenset, float] = {}
         for held, value in states.items():
-            for extra in subsets(i for i in range(t) if i not in held):
+            for extra in subsets(i for i in range(t) if i not in held and i not in once):
                 computes = sorted(extra) + [t]
                 available = held | set(computes)
                 for keep in [outputs] if t == n - 1 else subsets(available & useful):

@@ -23,6 +23,9 @@ class Problem:
     - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to
       device e costs `fixed + per_byte * b` seconds (`copy_seconds`); the fixed part is what every hand-off
       pays whatever its size (a runtime call on e, moving the tensor across). Default no fixed part.
+    - `computed_once`: operators that may be computed only once, on one device (random ones: a second run draws
+      other values than the first, so readers of the two would disagree); their output is held, or copied,
+      from that computation to its last use.
     """
 
     op_names: tuple[str, ...]
@@ -36,6 +39,7 @@ class Problem:
     workspace_bytes: tuple[int, ...] = field(default=())
     copy_seconds_per_byte: tuple[tuple[float, ...], ...] = field(default=((0.0,),))
     copy_fixed_seconds: tuple[tuple[float, ...], ...] = field(default=())
+    computed_once: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
@@ -58,6 +62,8 @@ class Problem:
         for u, v in self.edges:
             if not 0 <= u < v < n:
                 raise ValueError(f"edge ({u}, {v}) is not forward in the topological order")
+        if any(not 0 <= op < n for op in self.computed_once) or len(set(self.computed_once)) != len(self.computed_once):
+            raise ValueError(f"computed_once {self.computed_once} must list distinct operators in 0..{n - 1}")
 
     @property
     def num_ops(self) -> int:

@@ -64,7 +64,8 @@ def chen_sqrt_n_stages(problem: Problem) -> list[list[int]]:
 
 
 def chen_segments(problem: Problem, length: int) -> Schedule:
-    """Segments of `length` operators; only segment ends (and graph outputs) outlive their segment.
+    """Segments of `length` operators; only segment ends (and graph outputs and operators computed once) outlive
+    their segment.
 
     An output of an earlier segment that is not a checkpoint is recomputed, from the checkpoints it
     depends on, when an operator needs it; it is then kept while the frontier stays in that segment.
@@ -74,7 +75,8 @@ def chen_segments(problem: Problem, length: int) -> Schedule:
 
 def chen_stages(problem: Problem, length: int) -> list[list[int]]:
     """The stages of `chen_segments`."""
-    checkpoints = {i for i in range(problem.num_ops) if (i + 1) % length == 0} | set(problem.graph_outputs)
+    checkpoints = {i for i in range(problem.num_ops) if (i + 1) % length == 0}
+    checkpoints |= {*problem.graph_outputs, *problem.computed_once}
     stages: list[list[int]] = []
     recomputed: set[int] = set()
     for t in range(problem.num_ops):
@@ -104,7 +106,8 @@ def segmentations(problem: Problem) -> Iterator[Schedule]:
 
 
 def frontier_only(problem: Problem) -> Schedule:
-    """Hold across stages only the previous operator's output and graph outputs; recompute the rest.
+    """Hold across stages only the previous operator's output, graph outputs and operators computed once; recompute
+    the rest.
 
     The least-memory baseline (and the costliest): it seeds the minimum-budget search and gives the
     MILP a warm start at budgets where Chen's checkpoints no longer fit.
@@ -114,10 +117,10 @@ def frontier_only(problem: Problem) -> Schedule:
 
 def frontier_only_stages(problem: Problem) -> list[list[int]]:
     """The stages of `frontier_only`."""
-    outputs = set(problem.graph_outputs)
+    held = {*problem.graph_outputs, *problem.computed_once}
 
     def held_into(t: int) -> Callable[[int], bool]:
-        return lambda p: p in outputs or p == t - 1
+        return lambda p: p in held or p == t - 1
 
     return [_needed(problem, t, held_into(t)) for t in range(problem.num_ops)]
 

@@ -6,7 +6,8 @@ into t (i < t; S[d,T,i] for graph outputs: held after the last stage T-1); C[d,e
 in stage t; FREE[d,t,i,k] release i on d right after position k of stage t (k reads i, or k == i);
 U[d,t,k] the memory of d after position k, resident bytes included. Stage t runs positions 0..t: at
 position k, operator k is computed where R says, then copied where C says, then outputs are freed.
-Stage t computes operator t for the first time on at least one device.
+Stage t computes operator t for the first time on at least one device. An operator computed once
+(Problem.computed_once) is computed in its own stage only, on one device.
 
 XEngine's quadratic copy term becomes C: a consumer on e needs each input computed or held on e, or
 copied to e in that stage from a device that computes or holds it. Unlike the paper (eq. 11, 13), a
@@ -240,6 +241,7 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     if peak is None:
         _objective(problem, b, r, c, cost_unit)
     _stage_rows(problem, b, r, s, c)
+    _once_rows(problem, b, r)
     _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, r, s, frees, free_cols)
     _memory_rows(problem, b, (r, s, c, u), frees, free_cols, memory_unit)
@@ -308,6 +310,15 @@ def _stage_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, 
         b.at_least_one(r[:, t, t])
     for i in set(problem.graph_outputs):
         b.at_least_one(s[:, n, i])
+
+
+def _once_rows(problem: Problem, b: MilpBuilder, r: np.ndarray) -> None:
+    """An operator computed once runs only in its own stage (R[d,t,i] = 0 for t > i), on one device."""
+    for i in problem.computed_once:
+        for col in r[:, i + 1 :, i].ravel():
+            b.upper[int(col)] = 0.0
+        if problem.num_devices > 1:
+            b.row([int(col) for col in r[:, i, i]], [1.0] * problem.num_devices, -math.inf, 1.0)
 
 
 def _used_row(problem: Problem, b: MilpBuilder, rsc: tuple[np.ndarray, ...], e: int, t: int, i: int) -> None:

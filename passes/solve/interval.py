@@ -2,7 +2,8 @@
 
 Operator v may be computed up to min(copies, n - v) times: n - v is as many as the MILP's frontier-advancing form
 allows (once per stage from stage v on), so at that many the interval model holds every schedule the MILP does, and
-more (any order of computations within a stage). Fewer copies make the model much smaller (Moccasin uses 2), and its
+more (any order of computations within a stage). An operator computed once (Problem.computed_once) gets one
+computation, as in the MILP. Fewer copies make the model much smaller (Moccasin uses 2), and its
 optimum then bounds nothing: the portfolio (portfolio.py) uses it for schedules, and proves optimality with HiGHS or
 the memory-cut bound. The worker answers with the operators it computes in execution order, which become a schedule
 here, every output freed after its last read.
@@ -47,8 +48,10 @@ def problem_arrays(
     n, costs = problem.num_ops, np.array(problem.cost[0], dtype=float)
     scale = OBJECTIVE_STEPS / max(float(costs.max(initial=0.0)), 1e-300)
     parameters = {"num_workers": 2, "random_seed": 0, "max_time_in_seconds": 1e9 if seconds is None else seconds}
+    allowed = np.minimum(copies, n - np.arange(n)).astype(np.int64)
+    allowed[list(problem.computed_once)] = 1
     return {
-        "copies": np.minimum(copies, n - np.arange(n)).astype(np.int64),
+        "copies": allowed,
         "costs": np.floor(costs * scale).astype(np.int64),
         "sizes": np.array(problem.output_bytes, dtype=np.int64),
         "workspace": np.array(problem.workspace_bytes, dtype=np.int64),

@@ -5,7 +5,8 @@ some device D, D holds t's inputs, output and workspace besides whatever outputs
 (read by j > t, or graph outputs); each of those is then held on some device, or computed again in a later
 stage (after the last stage: never). Device d holds at most budget - resident bytes. Beyond computing every
 operator once on its cheapest device (the trivial bound), an output costs
-- held nowhere at some cut: a recomputation, at least its cheapest cost;
+- held nowhere at some cut: a recomputation, at least its cheapest cost (an operator computed once cannot be
+  recomputed, so it is held somewhere at every cut it is read after);
 - held on device d at some cut, or computed there: its arrival, a computation there above the cheapest or a
   copy into d, whichever is less (nothing where it is cheapest);
 - first computed on device d: that computation above the cheapest (its arrival there, at least);
@@ -191,7 +192,10 @@ def _add_cut(
     x = lp.binary(devices * len(cut.held)).reshape(devices, len(cut.held))
     y = lp.binary(len(cut.held), 0.0 if cut.last else 1.0)
     z = lp.binary(devices)
+    once = set(problem.computed_once)
     for k, i in enumerate(cut.held):
+        if i in once:
+            lp.upper[int(y[k])] = 0.0  # computed once: held through every cut it is read after, never recomputed
         lp.terms([*((x[d, k], 1.0) for d in range(devices)), (y[k], 1.0)], 1.0, 1.0)
         lp.terms([(each.dropped[i], 1.0), (y[k], -1.0)], 0.0)
         for d in range(devices):

@@ -4,7 +4,9 @@ Operators run in topological order on the compute device. When the next step doe
 does not read are evicted, the one read furthest in the future first (Belady): parked on the store device
 (copied there unless already there) when that is cheaper than recomputing it and fits, else dropped. Before an
 operator runs, a missing input is copied back if parked, or recomputed (its own missing inputs first, in the
-same way). Graph outputs are never dropped. With no store device it is a pure recomputation heuristic.
+same way). Graph outputs are never dropped, nor outputs of operators computed once (Problem.computed_once) while
+a later operator reads them; a recomputation that would need one again (an earlier reader's, after the last reader
+ran) does not fit. With no store device it is a pure recomputation heuristic.
 A warm start for the MILP, and the answer where the MILP is too large to build. At tight budgets on densely
 connected graphs (DenseNet) recomputation can cascade for minutes: a deadline ends it without a schedule.
 """
@@ -29,6 +31,8 @@ class _Evictor:
         self.held: list[set[int]] = [set() for _ in problem.devices]
         self.memory = list(problem.resident_bytes)
         self.events: list[Event] = []
+        self.once = frozenset(problem.computed_once)
+        self.computed: set[int] = set()
         self.parked: dict[int, int] = {}
         """The stage each output was last parked in (a copy must not be dropped in the stage it is made)."""
 
@@ -36,6 +40,12 @@ class _Evictor:
         """The first reader of `op` after stage `after`; n for a graph output nobody reads later; -1: dead."""
         later = [j for j in self.problem.successors[op] if j > after]
         return later[0] if later else (self.problem.num_ops if op in self.problem.graph_outputs else -1)
+
+    def kept(self, op: int, stage: int) -> bool:
+        """Whether `op`'s output may not be dropped after `stage`: a graph output, or an operator computed once that is
+        read later (it cannot be recomputed)."""
+        p = self.problem
+        return op in p.graph_outputs or (op in self.once and self.next_use(op, stage) >= 0)
 
     def place(self, op: int, device: int, event: Event) -> None:
         self.events.append(event)
@@ -58,9 +68,9 @@ class _Evictor:
         if self.next_use(op, stage) < 0:
             return False  # nobody reads it any more: a copy would be wasted
         round_trip = p.copy_seconds(op, self.compute, self.store) + p.copy_seconds(op, self.store, self.compute)
-        if round_trip > p.cost[self.compute][op] and op not in p.graph_outputs:
+        if round_trip > p.cost[self.compute][op] and not self.kept(op, stage):
             return False
-        worth = float("inf") if op in p.graph_outputs else self.density(op)
+        worth = float("inf") if self.kept(op, stage) else self.density(op)
         self.unpark(self.store, p.output_bytes[op], stage, worth, keep)
         if self.memory[self.store] + p.output_bytes[op] > p.budgets[self.store]:
             return False
@@ -74,7 +84,7 @@ class _Evictor:
 
     def unpark(self, store: int, needed: int, stage: int, worth: float, keep: set[int]) -> None:
         """Drop parked outputs cheaper to recompute per byte than `worth` (cheapest first; they will be recomputed)
-        until `needed` more bytes fit on the store device, if they can: a graph output cannot be dropped, nor an
+        until `needed` more bytes fit on the store device, if they can: a kept output cannot be dropped, nor an
         output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses), nor one in
         `keep` (an input being copied back)."""
         p = self.problem
@@ -82,7 +92,7 @@ class _Evictor:
         droppable = [
             op
             for op in self.held[store]
-            if op not in p.graph_outputs and op not in keep and self.parked[op] < stage and self.density(op) < worth
+            if not self.kept(op, stage) and op not in keep and self.parked[op] < stage and self.density(op) < worth
         ]
         if room >= needed or room + sum(p.output_bytes[op] for op in droppable) < needed:
             return
@@ -111,7 +121,7 @@ class _Evictor:
             if not candidates:
                 return False
             op = candidates.pop(0)
-            if not self.park(op, stage, keep) and op in self.problem.graph_outputs:
+            if not self.park(op, stage, keep) and self.kept(op, stage):
                 continue
             self.free(op, self.compute, stage)
         return True
@@ -129,10 +139,13 @@ class _Evictor:
         return self.run(op, stage, keep)
 
     def run(self, op: int, stage: int, keep: set[int]) -> bool:
-        """Fetch `op`'s inputs and compute it on the compute device in `stage`; False if it cannot fit."""
+        """Fetch `op`'s inputs and compute it on the compute device in `stage`; False if it cannot fit, or would be
+        a second computation of an operator computed once."""
         p = self.problem
         if self.deadline is not None and time.perf_counter() > self.deadline:
             raise _OutOfTime
+        if op in self.once and op in self.computed:
+            return False
         inputs = set(p.predecessors[op])
         pinned = keep | inputs
         if not all(self.fetch(i, stage, pinned) for i in sorted(inputs)):
@@ -140,6 +153,7 @@ class _Evictor:
         if not self.make_room(p.output_bytes[op] + p.workspace_bytes[op], pinned, stage):
             return False
         self.place(op, self.compute, Compute(op, stage, self.compute))
+        self.computed.add(op)
         return True
 
     def step(self, v: int) -> bool:

@@ -36,7 +36,7 @@ from onnx_remat.core.schedule import Compute, Free, Schedule
 from onnx_remat.passes.execute import run
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
-from onnx_remat.passes.solve.baselines import BASELINES, segmentations
+from onnx_remat.passes.solve.baselines import BASELINES, schedule_from_stages, segmentations
 from onnx_remat.passes.solve.interval import solve_intervals
 from onnx_remat.passes.solve.lower_bound import cut_lower_bound
 from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
@@ -89,7 +89,8 @@ def test_heuristics_never_recompute_them_and_the_bounds_stay_bounds(problem: Pro
     minimum = minimum_budget(problem)
     assert minimum.lower == minimum.feasible == brute_force(problem, "peak")
     assert quick_lower_bound(problem) <= minimum.lower
-    for schedule in [*(build(problem) for build in BASELINES.values()), *segmentations(problem), offload(problem, 0)]:
+    baselines = [schedule_from_stages(problem, build(problem)) for build in BASELINES.values()]
+    for schedule in [*baselines, *segmentations(problem), offload(problem, 0)]:
         if schedule is not None:
             assert not computed_again(problem, schedule)
             simulate(problem, schedule)
@@ -101,7 +102,7 @@ def test_the_constraint_changes_the_optimum_of_a_training_chain():
     """At 60% of keep-all, the optimal schedule of an 8-layer training chain recomputes its first operator; computed
     once, it is held instead, at a higher cost (40 against 37) and a higher minimum budget (796 against 696 bytes)."""
     free = training_chain(8)
-    budget = int(0.6 * simulate(free, BASELINES["keep-all"](free)).peak_bytes[0])
+    budget = int(0.6 * simulate(free, schedule_from_stages(free, BASELINES["keep-all"](free))).peak_bytes[0])
     free = with_budget(free, budget)
     once = replace(free, computed_once=(0,))
     unconstrained, constrained = solve(free, "highs"), solve(once, "highs")

@@ -73,11 +73,14 @@ METHODS = ("profiled", "in-graph")
 IN_GRAPH_RUNS = 15
 """Profiled whole-model runs; an operator's share is its median over them: on a loaded machine a run stalls for
 10-30 ms inside whichever node was running when a thread lost its core (VGG16's training step: 2-4 of 15 runs per
-convolution gradient), which a 20%-trimmed mean kept (a 0.25 ms node costed 8.2 ms, docs/measurements.md)."""
+convolution gradient), which a 20%-trimmed mean kept (a 0.25 ms node costed 8.2 ms, docs/measurements.md). The
+median keeps onnxruntime's rounding to whole microseconds a node (a mean would average it out): up to a microsecond a
+node moves between operators, their sum is still the whole run's median."""
 IN_GRAPH_SECONDS = 1.0
 """About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (MIN_IN_GRAPH_RUNS at least) for a model
 slower than that."""
 MIN_IN_GRAPH_RUNS = 5
+"""Profiled runs of a slow model: a median of 5 outlasts two stalled runs."""
 NODE_CHAIN = 100
 """One-element nodes in the chain that measures a runtime's per-node overhead."""
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)

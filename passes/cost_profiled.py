@@ -10,8 +10,8 @@ charged to the copy into that device instead. A whole run on one device pays it 
 in and the outputs back as `onnx-remat run` does: `run_overhead_seconds`, which a single-device prediction adds.
 
 With `method="in-graph"` an operator's cost is instead its share of what its nodes took inside runs of the whole
-model on each device (onnxruntime's profiler, OpenVINO's performance counters; the trimmed mean of IN_GRAPH_RUNS
-runs, fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
+model on each device (onnxruntime's profiler, OpenVINO's performance counters; the median of IN_GRAPH_RUNS runs,
+fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
 profiler (whose own overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries
 the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes). A runtime that fuses across
 operators is then costed as it runs whole models, which can differ from the sum of its operators alone either way
@@ -68,14 +68,19 @@ from onnx_remat.passes.sizes import TensorInfo
 
 MeasureProgress = Callable[[int, int, str], None]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 METHODS = ("profiled", "in-graph")
 IN_GRAPH_RUNS = 15
+"""Profiled whole-model runs; an operator's share is its median over them: on a loaded machine a run stalls for
+10-30 ms inside whichever node was running when a thread lost its core (VGG16's training step: 2-4 of 15 runs per
+convolution gradient), which a 20%-trimmed mean kept (a 0.25 ms node costed 8.2 ms, docs/measurements.md). The
+median keeps onnxruntime's rounding to whole microseconds a node (a mean would average it out): up to a microsecond a
+node moves between operators, their sum is still the whole run's median."""
 IN_GRAPH_SECONDS = 1.0
-"""About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (3 at least) for a model slower than that."""
-IN_GRAPH_TRIM = 0.2
-"""Fraction of the in-graph runs dropped at each end before averaging: onnxruntime reports whole microseconds,
-so a median would round a small node's time, and the extremes are other processes' load."""
+"""About how long the profiled runs may take: fewer than IN_GRAPH_RUNS (MIN_IN_GRAPH_RUNS at least) for a model
+slower than that."""
+MIN_IN_GRAPH_RUNS = 5
+"""Profiled runs of a slow model: a median of 5 outlasts two stalled runs."""
 NODE_CHAIN = 100
 """One-element nodes in the chain that measures a runtime's per-node overhead."""
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
@@ -379,14 +384,13 @@ def _in_graph_costs(
              for name in (named(node), *(value.name for value in node.outputs if value.name))}
     feeds = random_feeds(model, seed=0)
     whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
-    runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(3, int(IN_GRAPH_SECONDS / whole))))
+    runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(MIN_IN_GRAPH_RUNS, int(IN_GRAPH_SECONDS / whole))))
     per_run = np.zeros((len(runs), len(groups)))
     for r, timed in enumerate(runs):
         for name, seconds in timed.items():
             if (group := _owner(name, owner)) is not None:
                 per_run[r, group] += seconds
-    trim = int(IN_GRAPH_TRIM * len(runs))
-    shares = np.sort(per_run, axis=0)[trim:len(runs) - trim].mean(axis=0)
+    shares = np.median(per_run, axis=0)
     per_node = _median_seconds(_node_chain(runtime), repeats, empty) / NODE_CHAIN
     counts = np.array([len(group) for group in groups])
     rest = max(whole - run_overhead - per_node * counts.sum(), 0.0)

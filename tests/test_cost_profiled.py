@@ -1,5 +1,6 @@
-"""Measured costs on the two CPU engines, each operator alone or inside whole-model runs: positive, ordered by
-work, cached, with copy costs."""
+"""Measured costs on the two CPU engines, each operator alone or inside whole-model runs: one per operator, positive,
+cached under a key that follows the graph, with copy costs. Real runtime runs, no timed assertions: what is checked
+is which operators got a time, never how large it is."""
 
 import dataclasses
 import json
@@ -15,9 +16,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.core.devices import preset
+from onnx_remat.core.devices import get_devices, preset
 from onnx_remat.core.errors import RematWarning
-from onnx_remat.models import build
+from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes import cost_profiled
 from onnx_remat.passes.build_problem import build_problem
 from onnx_remat.passes.cost_profiled import ProfiledCosts, profile_costs
@@ -25,7 +26,7 @@ from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.runtimes import runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
-from onnx_remat.pipeline import RematOptions, costed, prepare
+from onnx_remat.pipeline import RematOptions, costed, costed_problem, prepare
 
 GROUPS = [("conv_small",), ("relu", "add"), ("shape",), ("reshape",), ("conv_big",)]
 
@@ -91,13 +92,6 @@ def test_costs_are_positive_and_finite(measured, devices):
         assert costs.run_overhead_seconds[device.name] > costs.call_overhead_seconds[device.name] > 0
 
 
-def test_a_big_conv_costs_more_than_a_small_one(measured):
-    costs, _ = measured
-    for values in costs.cost.values():
-        small, big = values[0], values[-1]
-        assert big > 20 * small
-
-
 def test_copy_costs_between_engines(measured):
     costs, _ = measured
     for d in range(2):
@@ -121,7 +115,7 @@ def test_second_call_is_served_from_the_cache(measured, model, devices, monkeypa
         profile_costs(*on_ir(model), groups[:-1], devices, repeats=5, cache_dir=cache)
 
 
-def test_cache_key_ignores_weights_but_not_shapes(model, devices):
+def test_cache_key_ignores_weights_but_not_shapes_attributes_or_ops(model, devices):
     groups = [tuple(g) for g in GROUPS]
     key = cost_profiled.cache_key(*on_ir(model), groups, devices, 5)
     other_weights = onnx.ModelProto()
@@ -130,6 +124,16 @@ def test_cache_key_ignores_weights_but_not_shapes(model, devices):
         numpy_helper.from_array(np.zeros((8, 8, 3, 3), np.float32), "w_small"))
     assert cost_profiled.cache_key(*on_ir(other_weights), groups, devices, 5) == key
     assert cost_profiled.cache_key(*on_ir(model), groups, devices[:1], 5) != key
+    dilated = onnx.ModelProto()  # the same shapes, other work
+    dilated.CopyFrom(model)
+    conv = dilated.graph.node[0]
+    del conv.attribute[:]
+    conv.attribute.extend([helper.make_attribute("pads", [2, 2, 2, 2]), helper.make_attribute("dilations", [2, 2])])
+    assert cost_profiled.cache_key(*on_ir(dilated), groups, devices, 5) != key
+    other_op = onnx.ModelProto()
+    other_op.CopyFrom(model)
+    other_op.graph.node[1].op_type = "Sigmoid"
+    assert cost_profiled.cache_key(*on_ir(other_op), groups, devices, 5) != key
     other_shapes = onnx.ModelProto()
     other_shapes.CopyFrom(model)
     other_shapes.graph.input[1].type.tensor_type.shape.dim[2].dim_value = 32
@@ -160,13 +164,31 @@ def in_graph(model, devices, tmp_path_factory) -> ProfiledCosts:
                          method="in-graph")
 
 
-def test_in_graph_costs_order_operators_by_work(in_graph, devices):
-    """Timed inside whole-model runs: positive, the big conv far above the small one, the same copy model."""
+def test_in_graph_costs_cover_every_operator(in_graph, devices):
+    """Timed inside whole-model runs: a finite, positive cost for each of the 6 operators on each device, and the same
+    copy model as operators timed alone."""
     for device in devices:
         values = in_graph.cost[device.name]
         assert len(values) == 6 and all(math.isfinite(c) and c > 0 for c in values)
-        assert values[-1] > 20 * values[0]
     assert in_graph.copy_seconds_per_byte[0][1] > 0 and in_graph.copy_fixed_seconds[1][0] > 0
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_onnxruntime_profile_times_every_operator(mode):
+    """Every operator of the U-Net fixture's graph (inference, and its training step with the backward nodes grouped
+    with their layers) gets time from onnxruntime's per-node profile in every profiled run, and every name the
+    profile reports belongs to an operator: in-graph costs leave no operator to the per-node overhead alone."""
+    prepared = prepare(FIXTURES / "unet_small.onnx", mode)
+    groups = costed_problem(prepared, get_devices(None)).opmap.node_names
+    outputs = {node.name: node.output for node in prepared.proto.graph.node}
+    owner = {name: g for g, group in enumerate(groups) for node in group for name in (node, *outputs[node]) if name}
+    runtime = runtime_for(get_devices(None)[0])
+    runs = runtime.node_seconds(prepared.proto, random_feeds(prepared.proto, seed=0), runs=2)
+    assert len(runs) == 2
+    for timed in runs:
+        owners = [cost_profiled._owner(name, owner) for name in timed]
+        assert None not in owners
+        assert set(owners) == set(range(len(groups)))
 
 
 def test_in_graph_is_cached_apart_from_profiled(model, devices):
@@ -179,15 +201,16 @@ def test_in_graph_is_cached_apart_from_profiled(model, devices):
 
 @pytest.mark.parametrize("name", ["ort-cpu", "ov-cpu"])
 def test_runtimes_name_the_nodes_they_time(name, devices):
-    """Almost all the time each engine reports inside a VGG16 training step goes to an ONNX node of it, by the
-    node's name or the name of a tensor the node makes (OpenVINO's reorders)."""
+    """Every node onnxruntime reports inside a VGG16 training step is an ONNX node of it, by name; of OpenVINO's, all
+    but a few of its own (3 of 172 measured, fused multiplies) are, by the node's name or the name of a tensor the
+    node makes (its reorders)."""
     model = prepare(build("vgg16", batch=1, resolution=32), "train").proto
     owner = {node.name: k for k, node in enumerate(model.graph.node)}
     owner.update({out: k for k, node in enumerate(model.graph.node) for out in node.output if out})
     runtime = runtime_for(next(d for d in devices if d.name == name))
     (timed,) = runtime.node_seconds(model, random_feeds(model, seed=0), runs=1)
-    placed = sum(seconds for node, seconds in timed.items() if cost_profiled._owner(node, owner) is not None)
-    assert placed > 0.9 * sum(timed.values()) > 0
+    unplaced = [node for node in timed if cost_profiled._owner(node, owner) is None]
+    assert len(unplaced) <= (0.05 * len(timed) if name == "ov-cpu" else 0) and timed
 
 
 def test_owner_finds_the_longest_known_prefix():

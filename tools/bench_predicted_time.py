@@ -1,16 +1,18 @@
 """Predicted against measured time of single-device schedules: the default cost model on this machine.
 
-Per model (the bundled fixtures and the paper's networks, `onnx_remat.models`) and mode, `onnx_remat.remat`
-rewrites it on one onnxruntime CPU device with the default cost model at `--budget` (1.1 times its minimum where
-that is below; the next budget where the solver finds no schedule in the time limit). Then `--rounds` rounds each
-measure the costs afresh (a new cache) and predict the schedule's time from them (its operators' costs and a run's
+Per model (the bundled fixtures, the paper's networks from `onnx_remat.models`, and torchvision exports from
+`real_model_zoo`), mode and budget, `onnx_remat.remat` rewrites it on one onnxruntime CPU device with the default
+cost model: at 100%, and by default halfway between the minimum and the peak of computing every operator once, so
+that the solver recomputes (1.1 times the minimum where a budget is below it). Then `--rounds` rounds each measure
+the costs afresh (a new cache) and predict the schedule's time from them (its operators' costs and a run's
 overhead, as the summary does), and run the rewritten model as `onnx-remat run` does (the median of `--repeats`
 runs after a warm-up). Predicting and running alternate so that the load of other processes hits both alike; the
-table gives the medians over the rounds, the median of the rounds' ratios, and the prediction the summary printed
-(from the costs measured first, under the load then).
+table gives the medians over the rounds, the median of the rounds' ratios, the prediction the summary printed (from
+the costs measured first, under the load then) and the cost model it used (a fallback to the roofline is listed
+with its reason).
 
-    python tools/bench_predicted_time.py                                # every model, infer and train, ~10 minutes
-    python tools/bench_predicted_time.py --models unet_small --modes train --rounds 5
+    python tools/bench_predicted_time.py                                # every model, infer and train, 100% and mid
+    python tools/bench_predicted_time.py --models unet_small --modes train --budgets 35% --rounds 5 --threads 1
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import onnx
 from rich.console import Console
@@ -26,12 +30,16 @@ from rich.table import Table
 
 import onnx_remat
 from onnx_remat.core.devices import get_devices
-from onnx_remat.core.problem import Problem
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.simulate import simulate
-from onnx_remat.pipeline import RematResult, costed_problem, prepare
+from onnx_remat.pipeline import RematOptions, RematResult, costed_problem, prepare
 
-PAPER_NETWORKS = ("vgg16", "resnet18", "unet")
+IMAGE_NETWORKS = ("vgg16", "resnet18", "unet")
+"""The paper's image networks, built at batch 1 and `--resolution`."""
+TRANSFORMER = {"batch": 2, "seq_len": 64, "d_model": 128, "layers": 4}
+"""The paper's transformer encoder: 4 layers of width 128 on 2 sequences of 64."""
+TORCHVISION = ("resnet18", "mobilenet_v3_small")
+"""Exported at batch 2 and 64x64 by `real_model_zoo` (legacy exporter, BatchNorm kept)."""
 MODES = ("infer", "train")
 TOLERANCE = 0.10
 MINIMUM_FACTOR = 1.1
@@ -39,7 +47,7 @@ MINIMUM_FACTOR = 1.1
 
 @dataclass(frozen=True)
 class Row:
-    """One model and mode: the budget used, the summary's prediction, and the medians over the rounds."""
+    """One model, mode and budget: the summary's prediction and cost model, and the medians over the rounds."""
 
     model: str
     mode: str
@@ -47,6 +55,7 @@ class Row:
     recomputations: int
     reported: float
     cost_model: str
+    cost_source: str
     predicted: float
     measured: float
     rounds: tuple[tuple[float, float], ...]
@@ -58,53 +67,67 @@ class Row:
         return statistics.median(predicted / measured for predicted, measured in self.rounds)
 
 
-def models(resolution: int) -> dict[str, onnx.ModelProto | str]:
-    """The bundled fixtures by file stem, then the paper's networks at batch 1 and `resolution`."""
-    found: dict[str, onnx.ModelProto | str] = {path.stem: str(path) for path in sorted(FIXTURES.glob("*.onnx"))}
-    found.update({name: build(name, batch=1, resolution=resolution) for name in PAPER_NETWORKS})
+def models(resolution: int, folder: Path) -> dict[str, Callable[[], onnx.ModelProto | str]]:
+    """The bundled fixtures by file stem, the paper's networks at batch 1 and `resolution`, and the torchvision
+    exports (`tv_<name>`, written into `folder` when first asked for)."""
+    found: dict[str, Callable[[], onnx.ModelProto | str]] = {
+        path.stem: (lambda path=path: str(path)) for path in sorted(FIXTURES.glob("*.onnx"))}
+    found.update({name: (lambda name=name: build(name, batch=1, resolution=resolution)) for name in IMAGE_NETWORKS})
+    found["transformer_encoder"] = lambda: build("transformer_encoder", **TRANSFORMER)
+    found.update({f"tv_{name}": (lambda name=name: torchvision_export(name, folder)) for name in TORCHVISION})
     return found
 
 
-def rewrite(model: onnx.ModelProto | str, mode: str, budgets: list[str], time_limit: float) -> tuple[RematResult, str]:
-    """The model rewritten with the default cost model at the first of `budgets` the solver finds a schedule for in
-    `time_limit`; a budget below the minimum becomes MINIMUM_FACTOR times the minimum (at the minimum itself the
-    solver may find none)."""
-    for budget in budgets:
-        try:
-            try:
-                return onnx_remat.remat(model, budget, mode=mode, time_limit=time_limit), budget
-            except onnx_remat.InfeasibleBudgetError as exc:
-                above = int(MINIMUM_FACTOR * exc.minimum_bytes)
-                return onnx_remat.remat(model, above, mode=mode, time_limit=time_limit), f"{MINIMUM_FACTOR:g} x min"
-        except onnx_remat.SolverError as exc:
-            failure = exc
-    raise failure
+def torchvision_export(name: str, folder: Path) -> str:
+    """The torchvision network exported by the legacy exporter at batch 2 and 64x64 (imports torch only here)."""
+    from real_model_zoo import export
+
+    return str(export(name, "legacy", folder / f"{name}.onnx"))
 
 
-def predicted_seconds(model: onnx.ModelProto | str, mode: str, result: RematResult, cost_model: str) -> float:
+def rewrite(
+    model: onnx.ModelProto | str, budget: str, options: RematOptions, full: RematResult
+) -> tuple[RematResult, str]:
+    """The model rewritten at `budget`: "mid" is halfway between the minimum and the peak of computing everything
+    once (`full`'s report, the rewrite at 100%), where the solver must recompute; a budget below the minimum is
+    MINIMUM_FACTOR times the minimum (at the minimum itself the solver may find no schedule in time)."""
+    if budget == "mid":
+        report = full.report
+        assert report.minimum_budget_bytes is not None  # searched by the rewrite at 100% (find_minimum)
+        middle = (report.minimum_budget_bytes + report.baselines["keep-all"].peak_bytes) // 2
+        return onnx_remat.remat(model, middle, options), f"mid {100 * middle / report.keep_all_bytes:.0f}%"
+    try:
+        return onnx_remat.remat(model, budget, options), budget
+    except onnx_remat.InfeasibleBudgetError as exc:
+        above = int(MINIMUM_FACTOR * exc.minimum_bytes)
+        return onnx_remat.remat(model, above, options), f"{MINIMUM_FACTOR:g} x min"
+
+
+def predicted_seconds(model: onnx.ModelProto | str, options: RematOptions, result: RematResult, cost_model: str
+                      ) -> float:
     """The schedule's time predicted from costs measured now (a fresh cache): its operators and a run's overhead."""
-    devices = get_devices(None)
     with tempfile.TemporaryDirectory() as cache:
-        graph, profiled = costed_problem(prepare(model, mode), devices, cost_model, cache)
-    problem: Problem = replace(graph.problem, budgets=result.problem.budgets)
-    if problem.op_names != result.problem.op_names:
+        costed = costed_problem(prepare(model, options.mode), get_devices(options.devices), cost_model, cache)
+    if costed.problem.op_names != result.problem.op_names:
         raise RuntimeError("preparing the model twice gave different operators")
-    overhead = profiled.run_overhead_seconds[devices[0].name] if profiled else 0.0
-    return simulate(problem, result.schedule).total_cost + overhead
+    problem = replace(costed.problem, budgets=result.problem.budgets)
+    return simulate(problem, result.schedule).total_cost + costed.run_overhead
 
 
-def measure(name: str, model: onnx.ModelProto | str, mode: str, args: argparse.Namespace) -> Row:
-    """Rewrite one model, then alternate predicting and running its schedule for `args.rounds` rounds."""
-    result, budget = rewrite(model, mode, args.budget.split(","), args.time_limit)
+def measure(name: str, model: onnx.ModelProto | str, budget: str, options: RematOptions, full: RematResult,
+            args: argparse.Namespace) -> Row:
+    """Rewrite one model at one budget, then alternate predicting and running its schedule for `args.rounds`."""
+    result, used = (full, budget) if budget == "100%" else rewrite(model, budget, options, full)
     report = result.report
     predicted, measured = [], []
     for _ in range(args.rounds):
-        predicted.append(predicted_seconds(model, mode, result, report.cost_model))
-        measured.append(onnx_remat.run_on_devices(result.model, "cpu", repeats=args.repeats,
+        predicted.append(predicted_seconds(model, options, result, report.cost_model))
+        measured.append(onnx_remat.run_on_devices(result.model, options.devices, repeats=args.repeats,
                                                   measure_memory=False).seconds)
     recomputations = sum(r.extra_computations for r in report.recomputations)
-    return Row(name, mode, budget, recomputations, report.predicted_seconds, report.cost_model,
-               statistics.median(predicted), statistics.median(measured), tuple(zip(predicted, measured, strict=True)))
+    return Row(name, options.mode, used, recomputations, report.predicted_seconds, report.cost_model,
+               report.cost_source, statistics.median(predicted), statistics.median(measured),
+               tuple(zip(predicted, measured, strict=True)))
 
 
 def table(rows: list[Row], title: str) -> Table:
@@ -122,37 +145,50 @@ def table(rows: list[Row], title: str) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", help="fixture stems or paper networks (default: all)")
+    parser.add_argument("--models", nargs="+", help="fixture stems, paper networks or tv_<torchvision name> "
+                        "(default: all)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--budget", default="35%,50%",
-                        help="budget of every rewrite, then the next where the solver finds no schedule in time "
-                        "(default 35%%,50%%; 1.1 x the minimum where one is below it)")
+    parser.add_argument("--budgets", default="100%,mid",
+                        help="budgets, one row each: mid is halfway between the minimum and the peak without "
+                        "recomputation (default 100%%,mid; 1.1 x the minimum where one is below it)")
+    parser.add_argument("--threads", type=int, help="onnxruntime's intra-op threads (default: its own choice, "
+                        "one per core)")
     parser.add_argument("--resolution", type=int, default=32, help="the paper networks' input size (default 32)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per rewrite (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of predicting and running (default 3)")
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per round, median (default 20)")
     args = parser.parse_args()
     console = Console(width=160)
-    available = models(args.resolution)
-    chosen = args.models or list(available)
-    if unknown := [name for name in chosen if name not in available]:
-        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(available)}")
-    rows, failures = [], []
-    for name in chosen:
-        for mode in args.modes:
-            try:
-                rows.append(measure(name, available[name], mode, args))
-            except onnx_remat.SolverError as exc:  # nothing to run: say so and go on
-                failures.append(f"{name} {mode}: {exc}")
-                console.print(failures[-1], highlight=False)
-                continue
-            r = rows[-1]
-            rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f}" for p, m in r.rounds)
-            console.print(f"{name} {mode} at {r.budget}: ratio {r.ratio:.3f}; predicted/measured ms by round: {rounds}",
-                          highlight=False)
-    title = (f"predicted against measured time, one onnxruntime CPU device, {args.rounds} rounds of "
+    devices = tuple(replace(device, threads=args.threads) for device in get_devices(None))
+    with tempfile.TemporaryDirectory() as folder:
+        available = models(args.resolution, Path(folder))
+        chosen = args.models or list(available)
+        if unknown := [name for name in chosen if name not in available]:
+            parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(available)}")
+        rows, failures = [], []
+        for name in chosen:
+            model = available[name]()
+            for mode in args.modes:
+                options = RematOptions(mode=mode, time_limit=args.time_limit, devices=devices)
+                full = onnx_remat.remat(model, "100%", options)
+                for budget in args.budgets.split(","):
+                    try:
+                        rows.append(measure(name, model, budget, options, full, args))
+                    except onnx_remat.SolverError as exc:  # nothing to run: say so and go on
+                        failures.append(f"{name} {mode} at {budget}: {exc}")
+                        console.print(failures[-1], highlight=False)
+                        continue
+                    r = rows[-1]
+                    rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f}" for p, m in r.rounds)
+                    console.print(f"{name} {mode} at {r.budget}: ratio {r.ratio:.3f}; predicted/measured ms by "
+                                  f"round: {rounds}", highlight=False)
+    threads = f"{args.threads} threads" if args.threads else "default threads"
+    title = (f"predicted against measured time, one onnxruntime CPU device ({threads}), {args.rounds} rounds of "
              f"{args.repeats} runs (medians)")
     console.print(table(rows, title))
+    for r in rows:
+        if r.cost_model == "analytic":
+            console.print(f"roofline for {r.model} {r.mode} at {r.budget}: {r.cost_source}", highlight=False)
     for failure in failures:
         console.print(f"not measured: {failure}", highlight=False)
 

@@ -312,7 +312,7 @@ def _measure(
     feeds = random_feeds(proto, seed=0)
     run_overhead = {runtime.device.name: overhead[runtime.device.name]
                     + _moves_seconds(runtime, proto, infos, feeds, repeats) for runtime in runtimes}
-    per_device = len(groups) if method == "profiled" else 1
+    per_device = len(groups) if method == "profiled" else 2
     steps = _Steps(len(devices) * (per_device + len(devices)), progress, deadline)
     if method == "profiled":
         cost = _operator_costs(_Cutter(model, proto, infos, groups), groups, runtimes, empty, repeats, steps)
@@ -345,10 +345,10 @@ class _Steps:
     deadline: float | None = None
     done: int = 0
 
-    def step(self, label: str, timed: bool = True) -> None:
+    def step(self, label: str, timed: bool = True, needs: float = 0.0) -> None:
         """Announce the next measurement, or raise OutOfTime if it is `timed` (not free: a device's copy to itself)
-        and the deadline has passed."""
-        if timed and self.deadline is not None and time.perf_counter() >= self.deadline:
+        and the deadline has passed, or will before the `needs` seconds it takes at least."""
+        if timed and self.deadline is not None and time.perf_counter() + needs >= self.deadline:
             raise OutOfTime(f"{self.done} of {self.total} measurements were done by the deadline")
         self.progress(self.done, self.total, label)
         self.done += 1
@@ -384,7 +384,9 @@ def _in_graph_costs(
              for name in (named(node), *(value.name for value in node.outputs if value.name))}
     feeds = random_feeds(model, seed=0)
     whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
-    runs = runtime.node_seconds(model, feeds, min(IN_GRAPH_RUNS, max(MIN_IN_GRAPH_RUNS, int(IN_GRAPH_SECONDS / whole))))
+    count = min(IN_GRAPH_RUNS, max(MIN_IN_GRAPH_RUNS, int(IN_GRAPH_SECONDS / whole)))
+    steps.step(f"{count} profiled runs on {runtime.device.name}", needs=count * whole)
+    runs = runtime.node_seconds(model, feeds, count)
     per_run = np.zeros((len(runs), len(groups)))
     for r, timed in enumerate(runs):
         for name, seconds in timed.items():

@@ -58,7 +58,7 @@ class RematOptions:
     `devices`: a preset name, a device file or Devices (default: one onnxruntime CPU device named cpu).
     `cost_model`: "analytic", "profiled" (each operator measured alone on every device, cached in `cache_dir`) or
     "in-graph" (measured inside whole-model runs on every device, cached); by default profiled with several devices,
-    analytic with one. `emit_problem` and `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so
+    in-graph with one. `emit_problem` and `emit_mps` write the problem (JSON) and its MILP (MPS) before solving, so
     they exist even if solving fails. `pick_by_running`: with several devices, run the solver's schedule and each
     device's best schedule alone on the devices and keep the fastest (the report gives every time); predicted costs
     may misjudge a runtime. `headroom`: the fraction of every budget the schedule leaves free, for what the runtimes

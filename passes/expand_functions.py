@@ -65,18 +65,26 @@ def function_body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
     schema = onnx.defs.get_schema(node.op_type, opset, "")
     if has_cpu_kernel(node.op_type, schema.since_version):
         return None
-    # onnx's stubs (1.23) lack the function-body accessors of OpSchema
+    # onnx's stubs (1.23) lack the function-body accessors of OpSchema; a body is stored at the opsets it was written
+    # for, and the one in effect at `opset` is the latest of those up to it
     if schema.has_function:  # type: ignore[attr-defined]
-        body = schema.get_function_with_opset_version(opset)  # type: ignore[attr-defined]
+        version = _in_effect(schema.function_opset_versions, opset)  # type: ignore[attr-defined]
+        body = schema.get_function_with_opset_version(version)  # type: ignore[attr-defined]
     elif schema.has_context_dependent_function and all(_typed(v) for v in node.inputs):  # type: ignore[attr-defined]
+        version = _in_effect(schema.context_dependent_function_opset_versions, opset)  # type: ignore[attr-defined]
         types = [ir.serde.serialize_type(v.type).SerializeToString() for v in node.inputs if v and v.type]
         node_bytes = ir.serde.serialize_node(node).SerializeToString()
         body = schema.get_context_dependent_function_with_opset_version(  # type: ignore[attr-defined]
-            opset, node_bytes, types)
+            version, node_bytes, types)
     else:
         return None
     function = onnx.FunctionProto.FromString(body)
     return function if body and _same_meaning(function, opset) else None
+
+
+def _in_effect(versions: list[int], opset: int) -> int:
+    """The latest of the opset `versions` a function body was written for that is not after `opset` (0 for none)."""
+    return max((version for version in versions if version <= opset), default=0)
 
 
 def _typed(value: ir.Value | None) -> bool:

@@ -109,20 +109,21 @@ def prepare(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
-    """Load and check the model, fix its input shapes, resolve every tensor's shape, expand in place the ops
-    onnxruntime would inline out of order (ExpandFunctions; shapes resolved again for their new tensors), and in train
-    mode build the train step and group its nodes into operators."""
+    """Load and check the model, fix its input shapes, resolve every tensor's shape, in train mode build the train
+    step, expand in place the ops onnxruntime would inline out of order (ExpandFunctions, after the build: a
+    HardSwish differentiated whole keeps only its input for the backward), in train mode group the nodes into
+    operators, and resolve the shapes of the new tensors."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    original = run_passes(load.read_graph(model, dict(input_shapes or {})),
-                          [ResolveShapes(), ExpandFunctions(), ResolveShapes()])
+    original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
-        return PreparedModel(original, None, name=name, mode=mode, external_data=external_data)
+        expanded = run_passes(original, [ExpandFunctions(), ResolveShapes()])
+        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data)
     options = training or TrainingOptions()
     build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
-    step = run_passes(original, [build])
+    step = run_passes(original, [build, ExpandFunctions()])
     groups, roles = group_training_graph(step, build.backward_groups)
     run_passes(step, [ResolveShapes()])
     return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data)

@@ -5,7 +5,9 @@ GroupNormalization...). At session creation it inlines their bodies and numbers 
 the file; its priority-based order then runs every other ready node first, later nodes of a rewritten schedule
 included, so the model no longer runs in the planned order and its peak breaks the budget (MobileNetV3-small's
 training step at batch 32: 54.78 MiB measured against a 26.60 MiB budget). `ExpandFunctions` replaces each such
-node by its body at the node's own position, so the training build, costs and rewrite all see the nodes that run.
+node by its body at the node's own position. `prepare` runs it after the training build (differentiated whole, a
+HardSwish keeps only its input for the backward; expanded, also its HardSigmoid output), so the operator grouping,
+costs and rewrite see the nodes that run.
 
 Only the main graph: an If or Loop runs as one node of the schedule, so the order onnxruntime gives the nodes of
 its bodies does not change the schedule's memory.

@@ -32,6 +32,7 @@ from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
+from onnx_remat.passes.expand_functions import ExpandFunctions
 from onnx_remat.passes.manager import run_passes, to_proto
 from onnx_remat.passes.model_files import has_external_data, model_files
 from onnx_remat.passes.operator_groups import group_training_graph
@@ -108,18 +109,21 @@ def prepare(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
-    """Load and check the model, fix its input shapes, resolve every tensor's shape, and in train mode build the
-    train step and group its nodes into operators."""
+    """Load and check the model, fix its input shapes, resolve every tensor's shape, in train mode build the train
+    step, expand in place the ops onnxruntime would inline out of order (ExpandFunctions, after the build: a
+    HardSwish differentiated whole keeps only its input for the backward), in train mode group the nodes into
+    operators, and resolve the shapes of the new tensors."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
-        return PreparedModel(original, None, name=name, mode=mode, external_data=external_data)
+        expanded = run_passes(original, [ExpandFunctions(), ResolveShapes()])
+        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data)
     options = training or TrainingOptions()
     build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
-    step = run_passes(original, [build])
+    step = run_passes(original, [build, ExpandFunctions()])
     groups, roles = group_training_graph(step, build.backward_groups)
     run_passes(step, [ResolveShapes()])
     return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data)

@@ -18,7 +18,9 @@ the kernel touches (resident pages), not what it allocates:
 - Sum, Mean, Max, Min of three or more inputs: one output-sized temporary for the running result (measured 1.9x
   the output for 3-6 inputs, with or without broadcasting; none for two).
 - HardSwish: onnxruntime has no kernel for it and runs its function body, HardSigmoid then Mul, whose HardSigmoid
-  output is an output-sized temporary (measured 7.9 MiB for a 4 MiB output; HardSigmoid alone 3.9 MiB).
+  output is an output-sized temporary (measured 7.9 MiB for a 4 MiB output; HardSigmoid alone 3.9 MiB). `prepare`
+  expands HardSwish into those nodes (passes/expand_functions.py), so no problem has one; the rule serves the
+  prediction of a model read as written (measure.predicted_activation_peak: tools/measure_memory.py, `run`).
 - MatMul, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none measured
   (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
 """

@@ -21,6 +21,8 @@ PREFIX = "onnx_remat."
 LAYER_KEY = "layer_ann"
 """The node metadata key onnxruntime's session.layer_assignment_settings matches."""
 BUDGET_PREFIX = PREFIX + "budget."
+EXPANDED_FROM = PREFIX + "expanded_from"
+"""The node metadata key naming the node (and op) whose function body a node is part of (passes/expand_functions.py)."""
 PRELUDE_STEP = -1
 """The step of nodes run once up front, before the schedule's first event."""
 

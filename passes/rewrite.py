@@ -31,7 +31,16 @@ from onnx import DeviceConfigurationProto, ModelProto, defs, helper
 
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
-from onnx_remat.core.tags import PRELUDE_STEP, NodeTags, node_tags, tag_entries, write_budgets
+from onnx_remat.core.tags import (
+    EXPANDED_FROM,
+    LAYER_KEY,
+    PREFIX,
+    PRELUDE_STEP,
+    NodeTags,
+    node_tags,
+    tag_entries,
+    write_budgets,
+)
 from onnx_remat.passes.manager import named, to_proto
 from onnx_remat.passes.partial_split import slice_partly_read_splits
 from onnx_remat.passes.reads import inner_graphs, is_read, outer_uses, value_reads
@@ -215,20 +224,23 @@ class _InstanceWriter:
         self.origin[instance] = source
 
     def _append(self, node: ir.Node, tags: NodeTags) -> None:
-        """Emit `node` with `tags` written on it (and kept for the assembly)."""
-        node.metadata_props.clear()
+        """Emit `node` with `tags` written on it (and kept for the assembly); metadata that is not a tag of a
+        rewrite (the exporter's, `expanded_from`) stays."""
+        for key in [key for key in node.metadata_props if key == LAYER_KEY or key.startswith(PREFIX)]:
+            if key != EXPANDED_FROM:
+                del node.metadata_props[key]
         node.metadata_props.update(tag_entries(tags))
         self.tags[node] = tags
         self.nodes.append(node)
 
 
 def _instance_node(original: ir.Node, suffix: str) -> ir.Node:
-    """A new node doing what `original` does (subgraphs cloned, reading the same outer values), named and with
-    outputs named with `suffix`, reading what `original` reads until pointed at instances."""
+    """A new node doing what `original` does (subgraphs cloned, reading the same outer values, metadata copied), named
+    and with outputs named with `suffix`, reading what `original` reads until pointed at instances."""
     attributes = [_cloned(attribute) for attribute in original.attributes.values()]
     node = ir.Node(original.domain, original.op_type, original.inputs, attributes, overload=original.overload,
                    num_outputs=len(original.outputs), version=original.version, name=named(original) + suffix,
-                   doc_string=original.doc_string)
+                   doc_string=original.doc_string, metadata_props=dict(original.metadata_props))
     for value, source in zip(node.outputs, original.outputs, strict=True):
         _like(value, source, source.name + suffix if source.name else "")
     return node

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_autodiff_rules import run_openvino
 
 import onnx_remat
-from onnx_remat.core.tags import EXPANDED_FROM
+from onnx_remat.core.tags import EXPANDED_FROM, node_tags
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.expand_functions import ExpandFunctions
 from onnx_remat.passes.manager import run_passes, to_proto
@@ -99,3 +99,6 @@ def test_rewritten_model_with_hardswish_runs_in_file_order():
     result = onnx_remat.remat(original, "min", mode="train", time_limit=5)
     ran = executed_node_names(result.model, random_feeds(result.model, seed=0))
     assert ran == [node.name for node in result.model.graph.node if node.name in set(ran)]
+    expanded = [node for node in result.model.graph.node if node.op_type == "HardSigmoid"]
+    assert expanded and all(node_tags(node).role and {p.key: p.value for p in node.metadata_props}
+                            .get(EXPANDED_FROM, "").endswith("(HardSwish)") for node in expanded)

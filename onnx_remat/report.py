@@ -116,6 +116,9 @@ class Report:
     """Where the costs come from: measured now, read from the cache, or why measuring failed (roofline instead)."""
     run_overhead_seconds: float = 0.0
     """What a run costs beyond its operators (the runtime call, inputs in, outputs out), in the predicted times."""
+    computed_once: tuple[str, ...] = ()
+    """Operators that draw random numbers (Dropout in training mode, RandomUniformLike, ...): computed once and held
+    until their last reader, since a recomputation would draw another mask."""
 
     @property
     def time_overhead(self) -> float:
@@ -154,6 +157,11 @@ class Report:
             + (f", {self.run_overhead_seconds * 1e3:.3f} ms a run beyond the operators" if self.run_overhead_seconds
                else ""),
         ]
+        if self.computed_once:
+            once = self.computed_once
+            more = f" and {len(once) - SUMMARY_ROWS} more" if len(once) > SUMMARY_ROWS else ""
+            lines.append(f"random       {len(once)} operators computed once, never recomputed: "
+                         f"{', '.join(once[:SUMMARY_ROWS])}{more}")
         if where:
             lines.append(
                 f"copies       {len(self.copies)}, {format_bytes(sum(c.bytes for c in self.copies))}, "

@@ -38,6 +38,7 @@ def build_report(
         baselines=baselines(problem, run_overhead),
         device_usage=device_usage(problem, result.schedule, simulation),
         copies=copies(problem, result.schedule),
+        computed_once=tuple(problem.op_names[op] for op in problem.computed_once),
     )
 
 

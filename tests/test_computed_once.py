@@ -342,6 +342,8 @@ def test_train_step_at_its_minimum_uses_one_mask(style: str):
     assert Counter(c.op for c in loose.schedule.computes)[random_op] > 1
     result = onnx_remat.rewritten(onnx_remat.solve_at(costed, "min", options))
     assert not computed_again(problem, result.schedule) and result.report.recomputations
+    assert result.report.computed_once == ("random",)
+    assert "random       1 operators computed once, never recomputed: random" in result.report.summary()
     assert not [node.name for node in result.model.graph.node if node.name.startswith("random__remat")]
     x = np.random.default_rng(1).standard_normal((BATCH, WIDTH)).astype(np.float32)
     names = [output.name for output in result.model.graph.output]

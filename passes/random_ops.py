@@ -10,6 +10,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_remat.passes.operator_groups import subgraphs
+from onnx_remat.passes.reads import constant_value
 
 RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
@@ -29,16 +30,6 @@ def _random(node: ir.Node) -> bool:
         return False
     if node.op_type == "Dropout":
         training = node.inputs[2] if len(node.inputs) > 2 else None
-        return training is not None and not _constant_false(training)
+        constant = constant_value(training)
+        return training is not None and (constant is None or bool(constant.any()))
     return node.op_type in RANDOM_OPS
-
-
-def _constant_false(value: ir.Value) -> bool:
-    """Whether `value` is known to be false: an initializer or a Constant node's output holding false."""
-    tensor = value.const_value
-    producer = value.producer()
-    constant_node = producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
-    if tensor is None and producer is not None and constant_node:
-        attribute = producer.attributes.get("value")
-        tensor = None if attribute is None else attribute.as_tensor()
-    return tensor is not None and not tensor.numpy().any()

@@ -8,6 +8,7 @@ reads asks here (`value_reads`, `outer_uses`) instead of reading `node.inputs` a
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 _GRAPH_TYPES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
@@ -16,6 +17,19 @@ _GRAPH_TYPES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
 def is_read(value: ir.Value) -> bool:
     """Whether some node (in a subgraph too) reads an onnx-ir `value` or the graph returns it."""
     return bool(value.uses()) or value.is_graph_output()
+
+
+def constant_value(value: ir.Value | None) -> np.ndarray | None:
+    """The value of a constant input (an initializer or an ONNX Constant node's `value`), or None."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+        attribute = producer.attributes.get("value")
+        return None if attribute is None else attribute.as_tensor().numpy()
+    return None
 
 
 def value_reads(node: ir.Node) -> list[ir.Value]:

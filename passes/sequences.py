@@ -8,6 +8,8 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from onnx_remat.passes.reads import constant_value
+
 
 class SequenceReadsToSlices(ir.passes.InPlacePass):
     """Replace each SequenceAt(SplitToSequence(x, split), p) with constant split and p by a Slice of x, then remove
@@ -23,23 +25,11 @@ class SequenceReadsToSlices(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
-def _constant(value: ir.Value | None) -> np.ndarray | None:
-    """The value of a constant input (an initializer or a Constant node's output), or None."""
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and "value" in producer.attributes:
-        return producer.attributes["value"].as_tensor().numpy()
-    return None
-
-
 def _slice_reads(graph: ir.Graph, split: ir.Node) -> bool:
     """Slice out every constant-position read of one SplitToSequence; False if any read is not of that form."""
-    sizes = _constant(split.inputs[1]) if len(split.inputs) > 1 else None
+    sizes = constant_value(split.inputs[1]) if len(split.inputs) > 1 else None
     reads = list(split.outputs[0].consumers())
-    constants = [_constant(r.inputs[1]) if r.op_type == "SequenceAt" else None for r in reads]
+    constants = [constant_value(r.inputs[1]) if r.op_type == "SequenceAt" else None for r in reads]
     positions = [int(p) for p in constants if p is not None]
     if sizes is None or not reads or len(positions) < len(reads) or any(p < 0 for p in positions):
         return False

@@ -197,15 +197,18 @@ def remat(
     model: str | Path | onnx.ModelProto,
     budget: BudgetSpec | None = "100%",
     options: RematOptions | None = None,
+    *,
+    started: float | None = None,
     **changes: Any,
 ) -> RematResult:
     """Rewrite `model` (in train mode: its train step) so it runs within `budget` at the least predicted time.
 
     `budget`: one budget for every device, `name=budget,...` per device, a mapping, or None to take each
     device's from its device file. `options` (RematOptions) says how; keywords change single options of it, as
-    `remat(model, "25%", mode="train", time_limit=30)`. The time limit counts from the start, preparing included."""
+    `remat(model, "25%", mode="train", time_limit=30)`. The time limit counts from `started` (a perf_counter
+    reading; default the call), preparing included."""
     options = replace(options or RematOptions(), **changes)
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     devices = get_devices(options.devices)
     budgets = device_budgets(devices, budget)
     return rewritten(solve_at(costed(model, options, devices, started), budgets, options, started))

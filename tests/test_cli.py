@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +346,14 @@ def test_sizes_no_machine_holds_are_refused_before_any_work(capsys, tmp_path):
                         "--cost-model", "profiled")
     assert code == 3 and re.search(r"'conv\d' needs 305.2 GiB, more than the [\d.]+ GiB this machine has", err), err
     assert not out.exists()
+
+
+def test_the_time_limit_counts_from_the_command_start(capsys, monkeypatch, chain_path, tmp_path):
+    """A command whose start (before the runtimes' imports) was the whole time limit ago has no time left to measure
+    costs: it falls back to the rooflines, and still writes a schedule."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    code = main([str(chain_path), str(out), "--budget", "100%", "--cost-model", "in-graph", "--time-limit", "60",
+                 "--report", str(report)], started=time.perf_counter() - 60)
+    assert code == 0 and out.exists()
+    assert json.loads(report.read_text())["cost_source"].startswith("roofline estimates: measuring in-graph costs")

@@ -12,6 +12,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 from typing import NoReturn
 
 from onnx_remat.cli.signals import (
@@ -32,12 +33,13 @@ SIGNAL_CODES = {INTERRUPTED_CODE} | {128 + signum for signum in HELD_SIGNALS - {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    started = time.perf_counter()
     try:
         with terminated_on_signals():
             _import_uninterrupted(argv)
             from onnx_remat.cli.main import main as run_command
 
-            code = run_command(argv)
+            code = run_command(argv, started)
             if code == 0:
                 ignore_signals()
     except KeyboardInterrupt:

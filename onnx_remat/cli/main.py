@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         result = remat(
             args.input, args.budget, options, progress=on_solve, profile_progress=on_profile,
             emit_problem=args.emit_problem, emit_mps=args.emit_mps, pick_by_running=args.pick_by_running,
-            headroom=args.headroom, find_minimum=bool(args.report),
+            headroom=args.headroom, find_minimum=bool(args.report), started=args.started,
         )
     summary = result.report.summary()
     write_together(_outputs(args, result))
@@ -244,7 +245,9 @@ def _one_line_warnings() -> Iterator[None]:
         yield
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """Run the command `argv` names; its time limit counts from `started` (perf_counter; default now), which the
+    console entry sets before importing the runtimes so that their import counts too."""
     argv = join_negative_values(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         module = command_module(argv[0])
@@ -256,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"onnx-remat: error: {exc}", file=sys.stderr)
             return exc.exit_code
         args, action = build_parser().parse_args(argv), run
+    args.started = time.perf_counter() if started is None else started
     console = Console(stderr=True, quiet=getattr(args, "quiet", False))
     try:
         with terminated_on_signals(), _one_line_warnings():

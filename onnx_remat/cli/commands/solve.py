@@ -55,10 +55,9 @@ def run(args: argparse.Namespace, console: Console) -> None:
     """Read the problem, start the CP-SAT worker if it may be needed, solve and report."""
     if args.report:
         check_outputs([args.report], args.problem, args.force)
-    started = time.perf_counter()
     problem = read_problem(args.problem)
     with _cpsat_started_early(problem, args.solver):
-        solve_and_report(args, console, problem, started)
+        solve_and_report(args, console, problem, args.started)
 
 
 def _cpsat_started_early(problem: Problem, solver: str) -> AbstractContextManager[None]:

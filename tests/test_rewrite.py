@@ -61,6 +61,11 @@ def meta(node: onnx.NodeProto) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
 
+def scheduled(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes the schedule computes: all but the Size nodes that release unread outputs."""
+    return [node for node in model.graph.node if meta(node)["onnx_remat.role"] != "release"]
+
+
 CASES = {
     "chain": (conv_chain, lambda model: chain_remat_schedule(len(model.graph.node))),
     "skip": (skip_net, lambda model: skip_remat_schedule()),
@@ -91,9 +96,26 @@ def test_outputs_equal_the_original(rewritten):
 
 def test_nodes_follow_schedule_order_and_run_in_it(rewritten):
     original, opmap, schedule, model = rewritten
-    names = [node.name for node in model.graph.node]
+    names = [node.name for node in scheduled(model)]
     assert names == expected_node_names(opmap, schedule)
-    assert executed_node_names(model, random_feeds(original)) == names
+    executed = executed_node_names(model, random_feeds(original))
+    assert executed == [node.name for node in model.graph.node]
+
+
+def test_an_output_nobody_reads_is_released_right_after_its_producer():
+    """The chain's first computation of conv1 is read by nobody (its reader reads the recomputation): a Size node
+    reads it at once, so onnxruntime frees it there instead of holding it to the end of the run."""
+    original = conv_chain()
+    opmap = one_node_ops(original)
+    model = rewrite(ir.serde.deserialize_model(original), opmap, chain_remat_schedule(len(original.graph.node)))
+    names = [node.name for node in model.graph.node]
+    release = model.graph.node[names.index("conv1") + 1]
+    assert (release.op_type, list(release.input)) == ("Size", list(model.graph.node[names.index("conv1")].output))
+    assert meta(release)["onnx_remat.role"] == "release" and meta(release)["onnx_remat.origin"] == "conv1"
+    readers = {name: [node.name for node in model.graph.node if name in node.input] for node in model.graph.node
+               for name in node.output}
+    assert all(readers[name] for node in scheduled(model) for name in node.output
+               if name not in {output.name for output in model.graph.output})
 
 
 def test_recomputations_survive_loading(rewritten):
@@ -106,7 +128,7 @@ def test_recomputations_survive_loading(rewritten):
 def test_metadata_says_role_origin_device_and_step(rewritten):
     _, _, schedule, model = rewritten
     steps = [step for step, event in enumerate(schedule.events) if isinstance(event, Compute)]
-    for node, step in zip(model.graph.node, steps, strict=True):
+    for node, step in zip(scheduled(model), steps, strict=True):
         m = meta(node)
         assert m["onnx_remat.role"] == ("recompute" if "__remat" in node.name else "forward")
         assert m["onnx_remat.origin"] == node.name.split("__remat")[0]

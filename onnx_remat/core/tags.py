@@ -1,11 +1,12 @@
 """The tags onnx-remat writes into a rewritten model's metadata_props, and the one parser that reads them back.
 
-Every node says what it is: `onnx_remat.role` (forward, backward, recompute, copy), `onnx_remat.origin` (the
-original node; for a copy, the node producing the tensor), `onnx_remat.device` (for a copy, the target;
-`onnx_remat.source` and `onnx_remat.target` name both ends) and `onnx_remat.step` (the schedule event it runs at,
-PRELUDE_STEP for nodes run once up front), plus `layer_ann` = the device name: onnxruntime pins a node to a
-provider by that key with the session option `session.layer_assignment_settings`. The model records each device's
-budget in bytes as `onnx_remat.core.budget.<device>`.
+Every node says what it is: `onnx_remat.role` (forward, backward, recompute, copy, or release: a Size node
+reading an output nobody else reads, so that onnxruntime frees it at once instead of at the end of the run),
+`onnx_remat.origin` (the original node; for a copy, the node producing the tensor), `onnx_remat.device` (for a
+copy, the target; `onnx_remat.source` and `onnx_remat.target` name both ends) and `onnx_remat.step` (the schedule
+event it runs at, PRELUDE_STEP for nodes run once up front), plus `layer_ann` = the device name: onnxruntime pins a
+node to a provider by that key with the session option `session.layer_assignment_settings`. The model records each
+device's budget in bytes as `onnx_remat.core.budget.<device>`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ the kernel touches (resident pages), not what it allocates:
   OutputSize x max(K, filters) floats per thread but fills only one panel of it: measured 0 to
   threads x 64 KiB, not the 9-36 MiB allocated for a batch-4 64-channel 64x64 Conv.
 - ConvTranspose: the col2im matrix, (filters x kernel) x input pixels floats, fully written.
-- Where: two output-sized temporaries (the X picks and the Y picks, then merged into the output):
-  measured 3x the output for a float Where, with or without broadcasting.
+- Where: the X picks and the Y picks, then merged into the output: each the broadcast of the condition with its
+  operand, so two output-sized temporaries with a full condition or two full operands (measured 3x the output), one
+  for a broadcast condition and a scalar operand (a masked fill: measured 1.95x, and 2.95x with a full condition).
 - ScatterElements: its indices copied to an int64 vector: measured 4 MiB beside the output for 512 Ki indices.
 - LSTM, GRU (DeepCPU kernels): every step's gate pre-activations (4 or 3 x hidden per row and step) and a few
   row x hidden state buffers per direction; a reverse direction also copies its input and output reversed.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.passes.manager import name_of
@@ -56,7 +58,7 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
     if node.op_type == "ConvTranspose":
         return FLOAT_BYTES * _conv_transpose_floats(node, infos)
     if node.op_type == "Where":
-        return 2 * infos[name_of(node.outputs[0])].allocated_bytes
+        return _where_picks_bytes(node, infos)
     if node.op_type == "ScatterElements":
         return INDEX_BYTES * math.prod(infos[name_of(node.inputs[1])].shape)
     if node.op_type in VARIADIC_OPS and len([value for value in node.inputs if value is not None]) >= 3:
@@ -89,6 +91,15 @@ def _state_buffers(node: ir.Node) -> int:
     linear_before_reset = bool(node.attributes.get_int("linear_before_reset", 0))
     biases = (4 if linear_before_reset else 3) if len(node.inputs) > 3 and node.inputs[3] is not None else 0
     return 2 + biases + linear_before_reset
+
+
+def _where_picks_bytes(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
+    """A Where's two temporaries: the condition broadcast with X, and with Y."""
+    condition, *operands = (infos.get(name_of(value)) for value in node.inputs)
+    if condition is None or any(operand is None for operand in operands):
+        return 0
+    return sum(TensorInfo(tuple(np.broadcast_shapes(condition.shape, operand.shape)), operand.elem_type).allocated_bytes
+               for operand in operands if operand is not None)
 
 
 def _conv_floats(node: ir.Node, infos: dict[str, TensorInfo], threads: int) -> int:

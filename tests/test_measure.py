@@ -91,6 +91,23 @@ def test_variadic_sum_scratch_is_predicted(tmp_path, inputs):
     assert measured == pytest.approx(predicted, rel=0.1)
 
 
+@pytest.mark.parametrize(("condition", "other"), [([1, 1, 64, 64], []), ([64, 4, 64, 64], []),
+                                                  ([1, 1, 64, 64], [64, 4, 64, 64])])
+def test_where_picks_are_predicted(tmp_path, condition, other):
+    """A Where's temporaries are the condition broadcast with each operand: a masked fill (broadcast condition,
+    scalar fill) takes one output-sized temporary, a full condition or two full operands two."""
+    shape = [64, 4, 64, 64]  # 4 MiB
+    rng = np.random.default_rng(0)
+    constants = [numpy_helper.from_array(rng.random(condition) > 0.5, "c"),
+                 numpy_helper.from_array(np.full(other, -1.0, np.float32), "y")]
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in ("x", "w")]
+    graph = helper.make_graph([helper.make_node("Where", ["c", "x", "y"], ["w"])], "where", values[:1], values[1:],
+                              constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    measured, predicted = measured_and_predicted(model, tmp_path / "where.onnx")
+    assert measured == pytest.approx(predicted, rel=0.1)
+
+
 def test_hardswish_intermediate_is_predicted(tmp_path):
     """onnxruntime runs HardSwish as HardSigmoid then Mul: without the HardSigmoid output it measured 2x its
     prediction."""

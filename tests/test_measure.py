@@ -108,6 +108,21 @@ def test_where_picks_are_predicted(tmp_path, condition, other):
     assert measured == pytest.approx(predicted, rel=0.1)
 
 
+@pytest.mark.parametrize(("equation", "left", "right", "out"), [
+    ("bhqd,bhkd->bhqk", [64, 4, 64, 32], [64, 4, 64, 32], [64, 4, 64, 64]),
+    ("bhqk,bhkd->bhqd", [64, 4, 64, 64], [64, 4, 64, 32], [64, 4, 64, 32]),
+])
+def test_einsum_temporaries_are_predicted(tmp_path, equation, left, right, out):
+    """The attention products as exporters write them take two output-sized temporaries (3x the output measured)."""
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+              for name, shape in (("a", left), ("b", right), ("o", out))]
+    graph = helper.make_graph([helper.make_node("Einsum", ["a", "b"], ["o"], equation=equation)], "einsum",
+                              values[:2], values[2:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    measured, predicted = measured_and_predicted(model, tmp_path / "einsum.onnx")
+    assert measured == pytest.approx(predicted, rel=0.1)
+
+
 def test_hardswish_intermediate_is_predicted(tmp_path):
     """onnxruntime runs HardSwish as HardSigmoid then Mul: without the HardSigmoid output it measured 2x its
     prediction."""

@@ -37,6 +37,10 @@ FIRST_SECONDS = 0.3
 """Shortest stall, in seconds, that ends the first search (see _run_until_stalled). The peers' U-Net at 60% of its
 peak (75.278, optimum needing 3): 1.97-2.03 s with 0.3, 2.25-2.44 s with 0.5, 2.0-4.3 s with 1.0, 2.0-2.4 s without
 the first search; the chains are as fast with 0.3 as with 0.5 (measured, interleaved)."""
+FIRST_WAIT = 1.5
+"""Longest wait, in seconds, for the first search's first solution, after which the full model runs instead (where
+fewer computations admit no schedule). Presolve alone takes 0.3 s on the peers' U-Net beside HiGHS: a stall counted
+from the search's start stopped it there, without a solution, and the full model's first came 2.3 s later."""
 
 
 class Reporter(cp_model.CpSolverSolutionCallback):
@@ -246,15 +250,17 @@ def _run_until_stalled(
     solver: cp_model.CpSolver, model: cp_model.CpModel, reporter: Reporter, stopped: threading.Event, deadline: float
 ) -> cp_model.CpSolverStatus:
     """Solve `model` until `deadline`, or until its incumbent has not improved for as long as finding it took, and
-    for FIRST_SECONDS at least: a search still improving goes on. On the peers' chain40_p40 the smaller model found
-    346.441 in 15 s, the full one 346.651 in 58 s (CP-SAT alone, each 60 s, the machine loaded)."""
+    for FIRST_SECONDS at least (or FIRST_WAIT has passed without one): a search still improving goes on. On the
+    peers' chain40_p40 the smaller model found 346.441 in 15 s, the full one 346.651 in 58 s (CP-SAT alone, each
+    60 s, the machine loaded)."""
     start, ended = time.perf_counter(), threading.Event()
     reporter.found_at = start
 
     def watch() -> None:
         while not ended.wait(STOP_EVERY):
-            found = reporter.found_at
-            if time.perf_counter() - found >= max(FIRST_SECONDS, found - start):
+            found, now = reporter.found_at, time.perf_counter()
+            stalled = found > start and now - found >= max(FIRST_SECONDS, found - start)
+            if stalled or (found == start and now - start >= FIRST_WAIT):
                 solver.stop_search()
 
     watcher = threading.Thread(target=watch, daemon=True)

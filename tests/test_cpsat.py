@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from onnx_remat.passes.solve import child, solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
 from onnx_remat.passes.solve.cpsat import WORKER, solve_cpsat
-from onnx_remat.passes.solve.interval import solve_intervals
+from onnx_remat.passes.solve.interval import problem_arrays, solve_intervals
 from onnx_remat.passes.solve.portfolio import COPIES
 
 QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -155,3 +156,15 @@ def test_unused_early_worker_ends_with_its_block():
     with child.started_early(WORKER):
         process = child._EARLY[WORKER].child
     assert process.returncode is not None and WORKER not in child._EARLY
+
+
+def test_worker_stopped_before_it_reports_is_killed_at_once(tmp_path):
+    """A worker stopped before it prints anything holds no solution: it is killed at once instead of answering
+    within its grace (LONG here, which the test would wait out if it were given)."""
+    problem = half_budget(training_chain(8))
+    given, answer = tmp_path / "problem.npz", tmp_path / "answer.npz"
+    np.savez(given, **problem_arrays(problem, COPIES, best_baseline(problem), LONG))
+    stop, lines = threading.Event(), []
+    stop.set()
+    answered = child.run_worker(WORKER, [str(given), str(answer)], answer, lines.append, stop, "CP-SAT", LONG)
+    assert not answered and not lines and not answer.exists()

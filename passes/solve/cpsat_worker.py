@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model_helper as cmh
 
 STOP_EVERY = 0.05
 """Seconds between the stop thread's calls to stop_search until the search has ended."""
@@ -37,9 +37,17 @@ FIRST_SECONDS = 0.3
 """Shortest stall, in seconds, that ends the first search (see _run_until_stalled). The peers' U-Net at 60% of its
 peak (75.278, optimum needing 3): 1.97-2.03 s with 0.3, 2.25-2.44 s with 0.5, 2.0-4.3 s with 1.0, 2.0-2.4 s without
 the first search; the chains are as fast with 0.3 as with 0.5 (measured, interleaved)."""
+FIRST_WAIT = 1.5
+"""Longest wait, in seconds, for the first search's first solution, after which the full model runs instead (where
+fewer computations admit no schedule). Presolve alone takes 0.3 s on the peers' U-Net beside HiGHS: a stall counted
+from the search's start stopped it there, without a solution, and the full model's first came 2.3 s later."""
+INFINITY = 2**63 - 1
+"""CP-SAT's unbounded end of a linear constraint's domain."""
+SOLVED = (cmh.CpSolverStatus.OPTIMAL, cmh.CpSolverStatus.FEASIBLE)
+"""The statuses of a search that found a solution."""
 
 
-class Reporter(cp_model.CpSolverSolutionCallback):
+class Reporter(cmh.SolutionCallback):
     """Prints the incumbent and the bound whenever either changes."""
 
     def __init__(self) -> None:
@@ -47,43 +55,154 @@ class Reporter(cp_model.CpSolverSolutionCallback):
         self.incumbent = math.nan
         self.found_at = time.perf_counter()
 
-    def on_solution_callback(self) -> None:
-        self.incumbent = self.objective_value
+    def OnSolutionCallback(self) -> None:  # noqa: N802  # the name CP-SAT calls
+        self.incumbent = self.ObjectiveValue()
         self.found_at = time.perf_counter()
-        self.report(self.best_objective_bound)
+        self.report(self.BestObjectiveBound())
 
     def report(self, bound: float) -> None:
         print(self.incumbent, bound, flush=True)
 
 
-def build(data: dict[str, np.ndarray]) -> cp_model.CpModel:
+class Solver:
+    """CP-SAT's searches of one process, stoppable from other threads: OR-Tools' CpSolver on its native helper, without
+    the cp_model layer, which imports pandas (the worker's start-up 0.56-0.66 s with it, 0.28-0.39 s without;
+    measured)."""
+
+    def __init__(self) -> None:
+        self.parameters = cmh.SatParameters()
+        self.lock = threading.Lock()
+        self.wrapper: cmh.SolveWrapper | None = None
+        self.response = cmh.CpSolverResponse()
+
+    def solve(self, model: Model, reporter: Reporter) -> cmh.CpSolverStatus:
+        """Search `model` with the parameters, reporting to `reporter`; the response stays in `response`."""
+        wrapper = cmh.SolveWrapper()
+        wrapper.set_parameters(self.parameters)
+        wrapper.add_solution_callback(reporter)
+        wrapper.add_best_bound_callback(reporter.report)
+        with self.lock:
+            self.wrapper = wrapper
+        try:
+            self.response = wrapper.solve(model.proto)
+        finally:
+            wrapper.clear_solution_callback(reporter)
+            with self.lock:
+                self.wrapper = None
+        return self.response.status
+
+    def stop_search(self) -> None:
+        """Stop the running search, if one is running."""
+        with self.lock:
+            if self.wrapper is not None:
+                self.wrapper.stop_search()
+
+    def value(self, variable: int) -> int:
+        return self.response.solution[variable]
+
+
+def negated(literal: int) -> int:
+    """The literal that is true when `literal` is false (CP-SAT's encoding)."""
+    return -literal - 1
+
+
+class Model:
+    """A CP-SAT model proto and the few ways of building it these models use; variables are their indices."""
+
+    def __init__(self) -> None:
+        self.proto = cmh.CpModelProto()
+
+    def variable(self, values: list[int]) -> int:
+        """An integer variable taking `values` (sorted), stored as CP-SAT's domain of disjoint ranges."""
+        domain: list[int] = []
+        for value in values:
+            if domain and value == domain[-1] + 1:
+                domain[-1] = value
+            else:
+                domain.extend([value, value])
+        return self.ranged(domain)
+
+    def ranged(self, domain: list[int]) -> int:
+        """An integer variable whose domain is the ranges [a, b, c, d...] (a to b, c to d)."""
+        self.proto.variables.add().domain.extend(domain)
+        return len(self.proto.variables) - 1
+
+    def boolean(self) -> int:
+        return self.ranged([0, 1])
+
+    def linear(self, terms: list[tuple[int, int]], lower: int, upper: int, enforced: list[int]) -> None:
+        """lower <= sum(coefficient * variable) <= upper where every literal of `enforced` is true."""
+        constraint = self.proto.constraints.add()
+        constraint.enforcement_literal.extend(enforced)
+        constraint.linear.vars.extend(v for v, _ in terms)
+        constraint.linear.coeffs.extend(c for _, c in terms)
+        constraint.linear.domain.extend([lower, upper])
+
+    def clause(self, literals: list[int], enforced: list[int]) -> None:
+        """One of `literals` is true where every literal of `enforced` is."""
+        constraint = self.proto.constraints.add()
+        constraint.enforcement_literal.extend(enforced)
+        constraint.bool_or.literals.extend(literals)
+
+    def interval(self, start: int, size: int | None, end: int | None, present: int) -> int:
+        """An optional interval from `start` to `end` (variables) of `size` (variable), or of size 1 where both
+        are None; its constraint's index."""
+        constraint = self.proto.constraints.add()
+        constraint.enforcement_literal.append(present)
+        interval = constraint.interval
+        interval.start.vars.append(start)
+        interval.start.coeffs.append(1)
+        if size is None or end is None:
+            interval.size.offset = 1
+            interval.end.vars.append(start)
+            interval.end.coeffs.append(1)
+            interval.end.offset = 1
+        else:
+            interval.size.vars.append(size)
+            interval.size.coeffs.append(1)
+            interval.end.vars.append(end)
+            interval.end.coeffs.append(1)
+        return len(self.proto.constraints) - 1
+
+    def cumulative(self, intervals: list[int], demands: list[int], capacity: int) -> None:
+        """The demands of the present intervals covering any point sum to at most `capacity`."""
+        cumulative = self.proto.constraints.add().cumulative
+        cumulative.capacity.offset = capacity
+        cumulative.intervals.extend(intervals)
+        for demand in demands:
+            cumulative.demands.add().offset = demand
+
+    def minimize(self, terms: list[tuple[int, int]]) -> None:
+        self.proto.objective.vars.extend(v for v, _ in terms)
+        self.proto.objective.coeffs.extend(c for _, c in terms)
+
+    def hint(self, variable: int, value: int) -> None:
+        self.proto.solution_hint.vars.append(variable)
+        self.proto.solution_hint.values.append(value)
+
+
+def build(data: dict[str, np.ndarray]) -> Model:
     """The CP-SAT model of the arrays: variable domains, linear rows in CSR form, objective, hint."""
-    model = cp_model.CpModel()
-    proto = model.proto
+    model = Model()
     for lower, upper in zip(data["col_lower"].tolist(), data["col_upper"].tolist(), strict=True):
-        proto.variables.add().domain.extend([lower, upper])
+        model.ranged([lower, upper])
     indptr, indices, coefficients = data["indptr"], data["indices"].tolist(), data["coefficients"].tolist()
     for row, (lower, upper) in enumerate(zip(data["row_lower"].tolist(), data["row_upper"].tolist(), strict=True)):
-        linear = proto.constraints.add().linear
-        linear.vars.extend(indices[indptr[row] : indptr[row + 1]])
-        linear.coeffs.extend(coefficients[indptr[row] : indptr[row + 1]])
-        linear.domain.extend([lower, upper])
-    proto.objective.vars.extend(data["objective_cols"].tolist())
-    proto.objective.coeffs.extend(data["objective_coefficients"].tolist())
-    hint = data["hint"].tolist()
-    if hint:
-        proto.solution_hint.vars.extend(range(len(hint)))
-        proto.solution_hint.values.extend(hint)
+        span = slice(indptr[row], indptr[row + 1])
+        model.linear(list(zip(indices[span], coefficients[span], strict=True)), lower, upper, [])
+    model.minimize(list(zip(data["objective_cols"].tolist(), data["objective_coefficients"].tolist(), strict=True)))
+    for variable, value in enumerate(data["hint"].tolist()):
+        model.hint(variable, value)
     return model
 
 
 @dataclass
 class Computation:
-    """One optional computation of an operator: whether it happens, its step, the last step it is held."""
+    """One optional computation of an operator: whether it happens, its step, the last step it is held (variables)."""
 
-    present: cp_model.IntVar
-    start: cp_model.IntVar
-    end: cp_model.IntVar
+    present: int
+    start: int
+    end: int
 
 
 def event(op: int, stage: int) -> int:
@@ -92,7 +211,7 @@ def event(op: int, stage: int) -> int:
     return stage * (stage + 1) // 2 + op
 
 
-def computations(model: cp_model.CpModel, copies: list[int]) -> list[list[Computation]]:
+def computations(model: Model, copies: list[int]) -> list[list[Computation]]:
     """Each operator's computations: the first present and the last step of stage v, each later one in a later
     stage, after its predecessor is freed."""
     n = len(copies)
@@ -101,21 +220,21 @@ def computations(model: cp_model.CpModel, copies: list[int]) -> list[list[Comput
     for v, count in enumerate(copies):
         own: list[Computation] = []
         for i in range(count):
-            present = model.new_constant(1) if i == 0 else model.new_bool_var("")
+            present = model.ranged([1, 1]) if i == 0 else model.boolean()
             steps = [event(v, v)] if i == 0 else [event(v, stage) for stage in range(v + 1 + (i - 1), n)]
-            start = model.new_int_var_from_domain(cp_model.Domain.from_values(steps), "")
-            end = model.new_int_var(steps[0] + 1, horizon, "")
+            start = model.variable(steps)
+            end = model.ranged([steps[0] + 1, horizon])
             if i > 0:
-                model.add_implication(present, own[-1].present)
-                model.add(start >= own[-1].end).only_enforce_if(present)
+                model.clause([own[-1].present], [present])
+                model.linear([(start, 1), (own[-1].end, -1)], 0, INFINITY, [present])
             own.append(Computation(present, start, end))
         ops.append(own)
     return ops
 
 
-def build_intervals(data: dict[str, np.ndarray]) -> tuple[cp_model.CpModel, list[list[Computation]]]:
+def build_intervals(data: dict[str, np.ndarray]) -> tuple[Model, list[list[Computation]]]:
     """The interval model of the problem arrays, minimizing the (integer-scaled) cost of recomputations."""
-    model = cp_model.CpModel()
+    model = Model()
     ops = computations(model, data["copies"].tolist())
     edges = data["edges"].tolist()
     _inputs_held(model, ops, edges)
@@ -123,28 +242,31 @@ def build_intervals(data: dict[str, np.ndarray]) -> tuple[cp_model.CpModel, list
     _memory(model, ops, data)
     _outputs_kept(model, ops, data["outputs"].tolist(), len(ops) * (len(ops) + 1) // 2)
     costs = data["costs"].tolist()
-    model.minimize(sum(costs[v] * c.present for v, own in enumerate(ops) for c in own[1:]))
+    model.minimize([(c.present, costs[v]) for v, own in enumerate(ops) for c in own[1:]])
     _add_hint(model, ops, data["hint"].tolist())
     return model, ops
 
 
-def _inputs_held(model: cp_model.CpModel, ops: list[list[Computation]], edges: list[list[int]]) -> None:
+def _within(model: Model, inner: int, outer: Computation, flag: int) -> None:
+    """Where `flag` holds, `outer` is present and the step `inner` lies after its start and before its end."""
+    model.clause([outer.present], [flag])
+    model.linear([(inner, 1), (outer.start, -1)], 1, INFINITY, [flag])
+    model.linear([(outer.end, 1), (inner, -1)], 1, INFINITY, [flag])
+
+
+def _inputs_held(model: Model, ops: list[list[Computation]], edges: list[list[int]]) -> None:
     """Every computation of v reads, for each input u, a computation of u started before it and held through it."""
     for u, v in edges:
         for reader in ops[v]:
             serving = []
             for source in ops[u]:
-                serves = model.new_bool_var("")
-                model.add_implication(serves, source.present)
-                model.add(source.start < reader.start).only_enforce_if(serves)
-                model.add(source.end > reader.start).only_enforce_if(serves)
+                serves = model.boolean()
+                _within(model, reader.start, source, serves)
                 serving.append(serves)
-            model.add_bool_or(serving).only_enforce_if(reader.present)
+            model.clause(serving, [reader.present])
 
 
-def _recomputations_read(
-    model: cp_model.CpModel, ops: list[list[Computation]], edges: list[list[int]], outputs: set[int]
-) -> None:
+def _recomputations_read(model: Model, ops: list[list[Computation]], edges: list[list[int]], outputs: set[int]) -> None:
     """A recomputation of an operator that is no graph output is held until some reader runs (else it only costs):
     a valid inequality that prunes the search (Moccasin's "tighten")."""
     readers: list[list[int]] = [[] for _ in ops]
@@ -157,61 +279,60 @@ def _recomputations_read(
             flags = []
             for v in readers[u]:
                 for r in ops[v]:
-                    flag = model.new_bool_var("")
-                    model.add_implication(flag, r.present)
-                    model.add(r.start > c.start).only_enforce_if(flag)
-                    model.add(r.start < c.end).only_enforce_if(flag)
+                    flag = model.boolean()
+                    model.clause([r.present], [flag])
+                    _within(model, r.start, c, flag)
                     flags.append(flag)
-            model.add_bool_or(flags).only_enforce_if(c.present)
+            model.clause(flags, [c.present])
 
 
-def _memory(model: cp_model.CpModel, ops: list[list[Computation]], data: dict[str, np.ndarray]) -> None:
+def _memory(model: Model, ops: list[list[Computation]], data: dict[str, np.ndarray]) -> None:
     """The outputs held, and the running operator's workspace, within the capacity at every step."""
     held, sizes = [], []
     for v, own in enumerate(ops):
         for c in own:
-            length = model.new_int_var(1, len(ops) * (len(ops) + 1) // 2, "")
-            held.append(model.new_optional_interval_var(c.start, length, c.end, c.present, ""))
+            length = model.ranged([1, len(ops) * (len(ops) + 1) // 2])
+            held.append(model.interval(c.start, length, c.end, c.present))
             sizes.append(int(data["sizes"][v]))
             if data["workspace"][v] > 0:
-                held.append(model.new_optional_fixed_size_interval_var(c.start, 1, c.present, ""))
+                held.append(model.interval(c.start, None, None, c.present))
                 sizes.append(int(data["workspace"][v]))
-    model.add_cumulative(held, sizes, int(data["capacity"]))
+    model.cumulative(held, sizes, int(data["capacity"]))
 
 
-def _outputs_kept(model: cp_model.CpModel, ops: list[list[Computation]], outputs: list[int], horizon: int) -> None:
+def _outputs_kept(model: Model, ops: list[list[Computation]], outputs: list[int], horizon: int) -> None:
     """A graph output's last computation is held to the end."""
     for v in outputs:
         for i, c in enumerate(ops[v]):
-            last = [c.present] + ([ops[v][i + 1].present.Not()] if i + 1 < len(ops[v]) else [])
-            model.add(c.end == horizon).only_enforce_if(last)
+            last = [c.present] + ([negated(ops[v][i + 1].present)] if i + 1 < len(ops[v]) else [])
+            model.linear([(c.end, 1)], horizon, horizon, last)
 
 
-def steps_of(solver: cp_model.CpSolver, ops: list[list[Computation]]) -> np.ndarray:
+def steps_of(solver: Solver, ops: list[list[Computation]]) -> np.ndarray:
     """The operators of the solution's computations in execution order."""
-    done = [(solver.value(c.start), v) for v, own in enumerate(ops) for c in own if solver.boolean_value(c.present)]
+    done = [(solver.value(c.start), v) for v, own in enumerate(ops) for c in own if solver.value(c.present)]
     return np.array([v for _, v in sorted(done)], dtype=np.int64)
 
 
-def _add_hint(model: cp_model.CpModel, ops: list[list[Computation]], hint: list[list[int]]) -> None:
+def _add_hint(model: Model, ops: list[list[Computation]], hint: list[list[int]]) -> None:
     """Hint the computations of a known schedule (its (operator, stage) pairs in execution order), if one was given."""
     seen = [0] * len(ops)
     for v, stage in hint:
         if seen[v] < len(ops[v]):
             c = ops[v][seen[v]]
-            model.add_hint(c.start, event(v, stage))
+            model.hint(c.start, event(v, stage))
             if seen[v] > 0:
-                model.add_hint(c.present, True)
+                model.hint(c.present, 1)
             seen[v] += 1
     for v, own in enumerate(ops):
         for c in own[max(1, seen[v]) :]:
-            model.add_hint(c.present, False)
+            model.hint(c.present, 0)
 
 
 def main(given: str, answer: str) -> None:
     """Solve the model in `given` (the MILP's arrays, or with "copies" the interval model's) and write the answer."""
     start = time.perf_counter()
-    solver = cp_model.CpSolver()
+    solver = Solver()
     stopped, solved = threading.Event(), threading.Event()
     _stop_at_eof(solver, stopped, solved)
     with np.load(given) as found:
@@ -221,21 +342,19 @@ def main(given: str, answer: str) -> None:
     solver.parameters.catch_sigint_signal = False
     deadline = start + solver.parameters.max_time_in_seconds
     reporter = Reporter()
-    solver.best_bound_callback = reporter.report
     if "copies" in data:
         status, values = solve_intervals(solver, data, reporter, stopped, deadline)
     else:
         outcome = _run(solver, build(data), reporter, stopped, deadline)
-        found_one = outcome in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        status = solver.status_name(outcome)
-        values = np.array(solver.response_proto.solution if found_one else [], dtype=np.int64)
+        status = outcome.name
+        values = np.array(solver.response.solution if outcome in SOLVED else [], dtype=np.int64)
     solved.set()
-    np.savez(answer, status=status, values=values, bound=solver.best_objective_bound)
+    np.savez(answer, status=status, values=values, bound=solver.response.best_objective_bound)
 
 
 def _run(
-    solver: cp_model.CpSolver, model: cp_model.CpModel, reporter: Reporter, stopped: threading.Event, deadline: float
-) -> cp_model.CpSolverStatus:
+    solver: Solver, model: Model, reporter: Reporter, stopped: threading.Event, deadline: float
+) -> cmh.CpSolverStatus:
     """Solve `model` until `deadline` (perf_counter), at once if stopped: CP-SAT's status."""
     left = deadline - time.perf_counter()
     solver.parameters.max_time_in_seconds = 0.0 if stopped.is_set() else max(0.01, left)
@@ -243,18 +362,20 @@ def _run(
 
 
 def _run_until_stalled(
-    solver: cp_model.CpSolver, model: cp_model.CpModel, reporter: Reporter, stopped: threading.Event, deadline: float
-) -> cp_model.CpSolverStatus:
+    solver: Solver, model: Model, reporter: Reporter, stopped: threading.Event, deadline: float
+) -> cmh.CpSolverStatus:
     """Solve `model` until `deadline`, or until its incumbent has not improved for as long as finding it took, and
-    for FIRST_SECONDS at least: a search still improving goes on. On the peers' chain40_p40 the smaller model found
-    346.441 in 15 s, the full one 346.651 in 58 s (CP-SAT alone, each 60 s, the machine loaded)."""
+    for FIRST_SECONDS at least (or FIRST_WAIT has passed without one): a search still improving goes on. On the
+    peers' chain40_p40 the smaller model found 346.441 in 15 s, the full one 346.651 in 58 s (CP-SAT alone, each
+    60 s, the machine loaded)."""
     start, ended = time.perf_counter(), threading.Event()
     reporter.found_at = start
 
     def watch() -> None:
         while not ended.wait(STOP_EVERY):
-            found = reporter.found_at
-            if time.perf_counter() - found >= max(FIRST_SECONDS, found - start):
+            found, now = reporter.found_at, time.perf_counter()
+            stalled = found > start and now - found >= max(FIRST_SECONDS, found - start)
+            if stalled or (found == start and now - start >= FIRST_WAIT):
                 solver.stop_search()
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -267,8 +388,7 @@ def _run_until_stalled(
 
 
 def solve_intervals(
-    solver: cp_model.CpSolver, data: dict[str, np.ndarray], reporter: Reporter, stopped: threading.Event,
-    deadline: float,
+    solver: Solver, data: dict[str, np.ndarray], reporter: Reporter, stopped: threading.Event, deadline: float
 ) -> tuple[str, np.ndarray]:
     """The interval model's status and schedule (operators in execution order): first with at most FIRST_COPIES
     computations per operator until that search stalls, then with all of `data`'s copies, hinted with the first's
@@ -277,17 +397,16 @@ def solve_intervals(
     fewer = {**data, "copies": np.minimum(data["copies"], FIRST_COPIES)}
     if (fewer["copies"] < data["copies"]).any():
         model, ops = build_intervals(fewer)
-        status = _run_until_stalled(solver, model, reporter, stopped, deadline)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            first = (solver.objective_value, steps_of(solver, ops))
+        if _run_until_stalled(solver, model, reporter, stopped, deadline) in SOLVED:
+            first = (solver.response.objective_value, steps_of(solver, ops))
             data = {**data, "hint": stages_of(first[1], len(ops))}
     model, ops = build_intervals(data)
     status = _run(solver, model, reporter, stopped, deadline)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and (first is None or solver.objective_value <= first[0]):
-        return solver.status_name(status), steps_of(solver, ops)
+    if status in SOLVED and (first is None or solver.response.objective_value <= first[0]):
+        return status.name, steps_of(solver, ops)
     if first is not None:
         return "FEASIBLE", first[1]
-    return solver.status_name(status), np.zeros(0, dtype=np.int64)
+    return status.name, np.zeros(0, dtype=np.int64)
 
 
 def stages_of(steps: np.ndarray, n: int) -> np.ndarray:
@@ -300,7 +419,7 @@ def stages_of(steps: np.ndarray, n: int) -> np.ndarray:
     return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 
 
-def _stop_at_eof(solver: cp_model.CpSolver, stopped: threading.Event, solved: threading.Event) -> None:
+def _stop_at_eof(solver: Solver, stopped: threading.Event, solved: threading.Event) -> None:
     """Once stdin closes set `stopped` and stop `solver`'s search, again every STOP_EVERY seconds until `solved`:
     stop_search does nothing before the search starts, so one call could come too early."""
 

@@ -4,8 +4,8 @@ HiGHS checks its interrupt callbacks in the simplex only between iteration batch
 not for tens of seconds (docs/measurements.md).
 So a model with more than IN_PROCESS_NONZEROS matrix entries is solved by the script highs_worker.py in a
 child process, which streams progress and writes every improving solution as it finds it; `stop` sends the
-child SIGINT and, if it has not answered within child.GRACE seconds, kills it. The outcome is then
-"interrupted" with the best solution it streamed (or none: the caller holds its warm start) and the last
+child SIGINT and, if it has not answered within child.GRACE seconds (or the caller's grace), kills it. The
+outcome is then "interrupted" with the best solution it streamed (or none: the caller holds its warm start) and the last
 bound it reported. Small models stay in-process: starting Python with numpy and highspy costs more than
 solving them, and their LPs reach a callback within milliseconds.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from onnx_remat.passes.solve import highs_worker
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
-from onnx_remat.passes.solve.child import run_worker
+from onnx_remat.passes.solve.child import GRACE, run_worker
 
 WORKER = Path(highs_worker.__file__)
 
@@ -40,11 +40,15 @@ def solve_highs(
     gaps: tuple[float, float] = (1e-4, 1e-6),
     stop: threading.Event | None = None,
     in_process: bool | None = None,
+    grace: float = GRACE,
+    nice: int = 0,
 ) -> MilpOutcome:
     """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
 
     Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far), within
-    about a second. `in_process` forces where HiGHS runs (default: by the model's size)."""
+    about a second. `in_process` forces where HiGHS runs (default: by the model's size); `grace`: seconds its child
+    has to answer after a stop before it is killed (its best solution and last bound are kept either way); `nice`:
+    how much its child yields the processor to other processes (os.nice; in-process it cannot)."""
     deadline = None if time_limit is None else time.time() + time_limit
     options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1]}
     stop = stop or threading.Event()
@@ -54,7 +58,7 @@ def solve_highs(
         arrays = highs_worker.model_arrays(milp)
         status, x, bound = highs_worker.run(arrays, options, warm_start, stop, progress, None, deadline)
         return MilpOutcome(x, SolveStatus(status), bound)
-    return _in_child(milp, options, deadline, warm_start, progress, stop)
+    return _in_child(milp, {**options, "nice": nice}, deadline, warm_start, progress, stop, grace)
 
 
 def _in_child(
@@ -64,6 +68,7 @@ def _in_child(
     warm_start: np.ndarray | None,
     progress: MilpProgress | None,
     stop: threading.Event,
+    grace: float,
 ) -> MilpOutcome:
     """Run highs_worker.py on the model; killed after a stop, the best solution and bound it streamed."""
     options = {**options, "deadline": math.nan if deadline is None else deadline}
@@ -88,7 +93,7 @@ def _in_child(
             option_names=np.array(list(options)),
             option_values=np.array(list(options.values()), dtype=float),
         )
-        if not run_worker(WORKER, [str(given), str(answer)], answer, on_line, stop, "HiGHS"):
+        if not run_worker(WORKER, [str(given), str(answer)], answer, on_line, stop, "HiGHS", grace):
             best = _best_streamed(milp, answer.with_name("best.npy"))
             return MilpOutcome(best, SolveStatus.INTERRUPTED, last_bound[0])
         with np.load(answer) as found:

@@ -257,8 +257,21 @@ def _costs(
         return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
     if costed.profiled is None:
         return costed
-    where = "read from the cache of" if costed.profiled.from_cache else "measured"
-    return replace(costed, cost_source=f"{where} {', '.join(costed.profiled.devices)} on this machine")
+    return replace(costed, cost_source=_measured_source(costed.profiled, chosen))
+
+
+def _measured_source(profiled: ProfiledCosts, method: str) -> str:
+    """Where measured costs come from: measured now, or cached (in-graph ones scaled to whole runs timed now, or
+    not where no time was left for that)."""
+    devices = f"{', '.join(profiled.devices)} on this machine"
+    if not profiled.from_cache:
+        return f"measured {devices}"
+    if profiled.retimed is not None:
+        scales = ", ".join(f"x{scale:.2f}" for scale in profiled.retimed.values())
+        return f"read from the cache of {devices}, scaled {scales} to whole-model runs timed now"
+    if method == "in-graph":
+        return f"read from the cache of {devices}, as cached (no time left to re-time them)"
+    return f"read from the cache of {devices}"
 
 
 def costed_problem(

@@ -28,7 +28,9 @@ The graph is read on onnx-ir (each group's nodes, what they read from outside an
 values' producers and uses); the runtimes run protos, serialised once per measurement.
 
 Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
-(not its weights), the groups, the devices, the runtime versions and the machine, so a second run is instant.
+(not its weights), the groups, the devices, the runtime versions and the machine, so a second run measures no
+operator. Cached in-graph costs are scaled to whole-model runs timed at use (`retime`): they hold the load of the
+moment they were measured (the README's main job: 54 ms cached under load, 29 ms measured on a quiet machine).
 An entry that cannot be read or does not fit (truncated, edited, negative or non-finite times) is measured again
 and rewritten, with a RematWarning; a cache that cannot be written is a warning too, never a failure.
 """
@@ -86,6 +88,8 @@ NODE_CHAIN = 100
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
+RETIME_RUNS = 5
+"""Whole-model runs that re-timing cached costs takes at least (two warm-up runs and three timed ones)."""
 FEED_BYTES_FACTOR = 3
 """Bytes drawn per input byte when feeding an operator: float64 random values, then their float32 copy."""
 
@@ -110,6 +114,8 @@ class ProfiledCosts:
     call_overhead_seconds: dict[str, float]
     run_overhead_seconds: dict[str, float]
     from_cache: bool = False
+    retimed: dict[str, float] | None = None
+    """For cached in-graph costs timed again at use: each device's factor its cached costs were scaled by."""
 
     def apply(self, problem: Problem) -> Problem:
         """`problem` with these costs and copy costs (fixed and per byte), matched to its devices by name."""
@@ -128,9 +134,9 @@ class ProfiledCosts:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of the measurements (without the cache flag)."""
+        """A JSON-ready dict of the measurements (without the cache flag and the re-timing)."""
         data = dataclasses.asdict(self)
-        del data["from_cache"]
+        del data["from_cache"], data["retimed"]
         return data
 
     @classmethod
@@ -161,7 +167,7 @@ def profile_costs(
     """Measure every operator (a group of node names of the shape-inferred `model`, whose tensors `infos` gives) on
     every device: each alone (`method` "profiled", as the cost model of that name does), or inside whole-model runs
     ("in-graph"); OutOfTime if the measuring is still under way at `deadline` (a time.perf_counter() value), whose
-    part done is not kept."""
+    part done is not kept. Cached in-graph costs are re-timed (`retime`), or served as cached past `deadline`."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
@@ -171,6 +177,9 @@ def profile_costs(
     _refuse_unallocatable(members, infos)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(operators))
+    if cached is not None and method == "in-graph":
+        with contextlib.suppress(OutOfTime):
+            return retime(cached, model, devices, repeats, progress or _no_progress, deadline)
     if cached is not None:
         return cached
     costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method, deadline)
@@ -330,6 +339,28 @@ def _measure(
         call_overhead_seconds=overhead,
         run_overhead_seconds=run_overhead,
     )
+
+
+def retime(
+    costs: ProfiledCosts, model: ir.Model, devices: tuple[Device, ...], repeats: int, progress: MeasureProgress,
+    deadline: float | None = None,
+) -> ProfiledCosts:
+    """`costs` (in-graph) with each device's operator costs scaled so that they add up, with the run's overhead, to
+    the median of whole-model runs timed now, as measuring them did: the operators' shares and the overheads are
+    kept, the load of the moment they were measured is not. OutOfTime if the runs would pass `deadline`."""
+    proto = to_proto(model)
+    feeds = random_feeds(proto, seed=0)
+    steps = _Steps(len(devices), progress, deadline)
+    scales: dict[str, float] = {}
+    for device in devices:
+        name, overhead = device.name, costs.run_overhead_seconds[device.name]
+        cached = sum(costs.cost[name])
+        steps.step(f"whole model on {name}", needs=RETIME_RUNS * (cached + overhead))
+        whole = _median_seconds(_whole_run(runtime_for(device), proto, feeds), repeats)
+        scales[name] = max(whole - overhead, MIN_SECONDS) / cached
+    steps.finish()
+    cost = {name: tuple(max(c * scales[name], MIN_SECONDS) for c in values) for name, values in costs.cost.items()}
+    return dataclasses.replace(costs, cost=cost, retimed=scales)
 
 
 class OutOfTime(Exception):

@@ -31,7 +31,7 @@ def measurements(monkeypatch) -> list[int]:
     return calls
 
 
-def test_default_costs_are_measured_once_then_read_from_the_cache(measurements, tmp_path):
+def test_default_costs_are_measured_once_then_read_from_the_cache_and_retimed(measurements, tmp_path):
     first = onnx_remat.remat(conv_chain(), "60%", cache_dir=tmp_path)
     report = first.report
     assert report.cost_model == "in-graph" and first.profiled is not None and not first.profiled.from_cache
@@ -48,9 +48,11 @@ def test_default_costs_are_measured_once_then_read_from_the_cache(measurements, 
 
     again = onnx_remat.remat(conv_chain(), "60%", cache_dir=tmp_path)
     assert len(measurements) == 1 and entry.stat().st_mtime_ns == written
-    assert again.profiled is not None and again.profiled.from_cache
-    assert again.problem.cost == first.problem.cost
-    assert again.report.cost_source == "read from the cache of cpu on this machine"
+    assert again.profiled is not None and again.profiled.from_cache and again.profiled.retimed is not None
+    scale = again.profiled.retimed["cpu"]
+    assert again.problem.cost[0] == pytest.approx([scale * c for c in first.problem.cost[0]])
+    assert again.report.cost_source == (f"read from the cache of cpu on this machine, scaled x{scale:.2f} to "
+                                        "whole-model runs timed now")
 
 
 def test_default_falls_back_to_the_roofline_when_measuring_fails(monkeypatch, tmp_path):

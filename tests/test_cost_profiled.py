@@ -237,6 +237,7 @@ CACHE_FAULTS = {
     "one operator short": _edited("cost", lambda cost: {k: v[:-1] for k, v in cost.items()}),
     "NaN time": _edited("cost", lambda cost: {k: [math.nan, *v[1:]] for k, v in cost.items()}),
     "negative time": _edited("call_overhead_seconds", lambda overhead: dict.fromkeys(overhead, -1.0)),
+    "CPU share above 1": _edited("cpu_share", lambda share: {"ort-cpu": 1.5}),
     "text for a time": _edited("cost", lambda cost: {k: ["fast", *v[1:]] for k, v in cost.items()}),
     "a folder": lambda path: (path.unlink(), path.mkdir()),
 }
@@ -312,6 +313,8 @@ def test_cached_in_graph_costs_are_scaled_to_whole_runs_timed_now(model, devices
         assert sum(again.cost[name]) + again.run_overhead_seconds[name] == pytest.approx(whole)
         assert again.cost[name] == pytest.approx([c * again.retimed[name] for c in loaded.cost[name]])
     assert again.run_overhead_seconds == first.run_overhead_seconds
+    assert set(again.cpu_share) == set(first.cpu_share) == {d.name for d in devices}
+    assert all(0 < share <= 1 for share in again.cpu_share.values())
 
 
 def test_cached_costs_are_served_as_cached_past_the_deadline(model, devices, tmp_path):

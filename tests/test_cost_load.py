@@ -1,0 +1,40 @@
+"""The load ratio of a run of one length against another: busy loops timed in turns. No timed assertions: what is
+checked is when it is measured and that it is a ratio of times, never how large it is."""
+
+import math
+
+import pytest
+
+from onnx_remat.passes import cost_load
+from onnx_remat.passes.cost_load import load_ratio
+
+
+def test_equal_lengths_wait_alike():
+    assert load_ratio(0.004, 0.004) == 1.0
+
+
+def test_runs_too_long_to_probe_are_taken_to_wait_alike(monkeypatch):
+    """Lengths of which MIN_LOOPS loops each would pass PROBE_SECONDS: no loop runs, the ratio is 1."""
+    monkeypatch.setattr(cost_load, "_slowdown", lambda seconds: pytest.fail("no loop should run"))
+    too_long = cost_load.PROBE_SECONDS / cost_load.MIN_LOOPS
+    assert load_ratio(too_long, too_long / 2) == 1.0
+
+
+def test_the_ratio_is_of_median_slowdowns_timed_in_turns(monkeypatch):
+    """Loops of both lengths alternate, as many of each as fit in PROBE_SECONDS (MAX_LOOPS at most), and the ratio is
+    of their medians; each loop really ran at least its length (its wall time over its CPU time is at least 1)."""
+    timed: list[tuple[float, float]] = []
+    slowdown = cost_load._slowdown
+
+    def recorded(seconds: float) -> float:
+        timed.append((seconds, slowdown(seconds)))
+        return timed[-1][1]
+
+    monkeypatch.setattr(cost_load, "_slowdown", recorded)
+    ratio = load_ratio(0.02, 0.01)
+    loops = min(cost_load.MAX_LOOPS, int(cost_load.PROBE_SECONDS / 0.03))
+    assert [seconds for seconds, _ in timed] == [0.02, 0.01] * loops
+    assert all(value >= 1 for _, value in timed)
+    runs = sorted(value for seconds, value in timed if seconds == 0.02)
+    references = sorted(value for seconds, value in timed if seconds == 0.01)
+    assert math.isclose(ratio, runs[len(runs) // 2] / references[len(references) // 2])

@@ -19,7 +19,7 @@ import statistics
 import time
 
 PROBE_SECONDS = 0.5
-"""CPU seconds the busy loops of one probe may take in all (wall time is longer under load)."""
+"""CPU seconds the busy loops of one probe may take in all; they stop early past twice that of wall time (load)."""
 MIN_LOOPS = 3
 """Loops of each length at least: fewer fit in PROBE_SECONDS only for runs that both span many time slices."""
 
@@ -29,12 +29,14 @@ def load_ratio(seconds: float, reference: float) -> float:
     of their median wall / CPU times over busy loops of both lengths timed in turns, as many as PROBE_SECONDS holds
     (under load the medians of a few flip between a loop that kept its core and one that lost it: with 15 of each,
     runs within 6% of each other measured x0.42); 1.0 when the lengths are equal, or when MIN_LOOPS of each would
-    take more than PROBE_SECONDS."""
+    take more than PROBE_SECONDS. Loops stop early past twice PROBE_SECONDS of wall time, one of each at least."""
     loops = int(PROBE_SECONDS / (seconds + reference)) if seconds + reference > 0 else 0
     if math.isclose(seconds, reference, rel_tol=1e-9) or loops < MIN_LOOPS:
         return 1.0
-    runs, references = [], []
-    for _ in range(loops):
+    runs: list[float] = []
+    references: list[float] = []
+    began = time.perf_counter()
+    while len(runs) < loops and (not runs or time.perf_counter() - began < 2 * PROBE_SECONDS):
         runs.append(_slowdown(seconds))
         references.append(_slowdown(reference))
     return statistics.median(runs) / statistics.median(references)

@@ -10,8 +10,11 @@ from onnx_remat.passes import cost_load
 from onnx_remat.passes.cost_load import load_ratio
 
 
-def test_equal_lengths_wait_alike():
+def test_close_lengths_wait_alike(monkeypatch):
+    """Lengths within CLOSE of each other: no loop runs, the ratio is 1."""
+    monkeypatch.setattr(cost_load, "_slowdown", lambda seconds: pytest.fail("no loop should run"))
     assert load_ratio(0.004, 0.004) == 1.0
+    assert load_ratio(0.004, 0.004 * cost_load.CLOSE * 0.99) == load_ratio(0.004 * cost_load.CLOSE * 0.99, 0.004) == 1.0
 
 
 def test_runs_too_long_to_probe_are_taken_to_wait_alike(monkeypatch):
@@ -21,10 +24,10 @@ def test_runs_too_long_to_probe_are_taken_to_wait_alike(monkeypatch):
     assert load_ratio(too_long, too_long / 2) == 1.0
 
 
-def test_the_ratio_is_of_median_slowdowns_timed_in_turns(monkeypatch):
-    """Loops of both lengths alternate, as many of each as fit in PROBE_SECONDS (fewer if they pass twice that of
-    wall time), and the ratio is of their medians; each loop really ran at least its length (its wall time over its
-    CPU time is at least 1)."""
+def test_the_ratio_is_the_median_over_pairs_of_loops(monkeypatch):
+    """Loops of both lengths run in pairs, in alternating order, as many as fit in PROBE_SECONDS (fewer if they pass
+    twice that of wall time), and the ratio is the median of the pairs' ratios; each loop really ran at least its
+    length (its wall time over its CPU time is at least 1)."""
     timed: list[tuple[float, float]] = []
     slowdown = cost_load._slowdown
 
@@ -34,10 +37,9 @@ def test_the_ratio_is_of_median_slowdowns_timed_in_turns(monkeypatch):
 
     monkeypatch.setattr(cost_load, "_slowdown", recorded)
     ratio = load_ratio(0.02, 0.01)
-    loops = len(timed) // 2
-    assert 1 <= loops <= int(cost_load.PROBE_SECONDS / 0.03)
-    assert [seconds for seconds, _ in timed] == [0.02, 0.01] * loops
+    pairs = len(timed) // 2
+    assert 1 <= pairs <= int(cost_load.PROBE_SECONDS / 0.03)
+    assert [seconds for seconds, _ in timed] == [0.02, 0.01, 0.01, 0.02] * (pairs // 2) + [0.02, 0.01] * (pairs % 2)
     assert all(value >= 1 for _, value in timed)
-    runs = [value for seconds, value in timed if seconds == 0.02]
-    references = [value for seconds, value in timed if seconds == 0.01]
-    assert math.isclose(ratio, statistics.median(runs) / statistics.median(references))
+    slowdowns = [dict(timed[2 * k:2 * k + 2]) for k in range(pairs)]
+    assert math.isclose(ratio, statistics.median(pair[0.02] / pair[0.01] for pair in slowdowns))

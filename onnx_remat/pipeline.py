@@ -30,6 +30,7 @@ from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
+from onnx_remat.passes.cost_load import load_ratio
 from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.expand_functions import ExpandFunctions
@@ -162,6 +163,15 @@ class CostedProblem:
             return 0.0
         return self.profiled.run_overhead_seconds[self.devices[0].name]
 
+    def load_ratio(self, seconds: float, keep_all: float) -> float:
+        """How much longer per second a predicted run of `seconds` waits for the CPU now than keep-all's, whose runs
+        the in-graph costs were scaled to (`cost_load`, on the CPU time of both: the share of keep-all's runs spent
+        on the CPU); 1 for other costs, which are not whole runs' times."""
+        if self.cost_model != "in-graph" or self.profiled is None or len(self.devices) != 1:
+            return 1.0
+        share = self.profiled.cpu_share[self.devices[0].name]
+        return load_ratio(seconds * share, keep_all * share)
+
     @property
     def problem(self) -> Problem:
         return self.graph.problem
@@ -189,8 +199,10 @@ class SolvedProblem:
         costed = self.costed
         prepared, overhead = costed.prepared, costed.run_overhead
         report = build_report(prepared.name, prepared.mode, self.problem, self.minimum_bytes[0], self.result, overhead)
+        ratio = costed.load_ratio(report.predicted_seconds, report.keep_all_seconds)
         return replace(report, measured_choice=self.measured_choice, minimum_lower_bytes=self.minimum_lower_bytes,
-                       cost_model=costed.cost_model, cost_source=costed.cost_source, run_overhead_seconds=overhead)
+                       cost_model=costed.cost_model, cost_source=costed.cost_source, run_overhead_seconds=overhead,
+                       predicted_seconds=report.predicted_seconds * ratio, load_ratio=ratio)
 
 
 def remat(
@@ -260,8 +272,21 @@ def _costs(
         return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
     if costed.profiled is None:
         return costed
-    where = "read from the cache of" if costed.profiled.from_cache else "measured"
-    return replace(costed, cost_source=f"{where} {', '.join(costed.profiled.devices)} on this machine")
+    return replace(costed, cost_source=_measured_source(costed.profiled, chosen))
+
+
+def _measured_source(profiled: ProfiledCosts, method: str) -> str:
+    """Where measured costs come from: measured now, or cached (in-graph ones scaled to whole runs timed now, or
+    not where no time was left for that)."""
+    devices = f"{', '.join(profiled.devices)} on this machine"
+    if not profiled.from_cache:
+        return f"measured {devices}"
+    if profiled.retimed is not None:
+        scales = ", ".join(f"x{scale:.2f}" for scale in profiled.retimed.values())
+        return f"read from the cache of {devices}, scaled {scales} to whole-model runs timed now"
+    if method == "in-graph":
+        return f"read from the cache of {devices}, as cached (no time left to re-time them)"
+    return f"read from the cache of {devices}"
 
 
 def costed_problem(

@@ -116,6 +116,9 @@ class Report:
     """Where the costs come from: measured now, read from the cache, or why measuring failed (roofline instead)."""
     run_overhead_seconds: float = 0.0
     """What a run costs beyond its operators (the runtime call, inputs in, outputs out), in the predicted times."""
+    load_ratio: float = 1.0
+    """In-graph costs: how much longer per second the schedule's run waits for the CPU now than keep-all's, whose
+    runs the costs were scaled to (passes/cost_load.py); in `predicted_seconds`."""
     computed_once: tuple[str, ...] = ()
     """Operators that draw random numbers (Dropout in training mode, RandomUniformLike, ...): computed once and held
     until their last reader, since a recomputation would draw another mask."""
@@ -155,7 +158,9 @@ class Report:
             f"solver       {s.name}: {s.status}, gap {100 * s.gap:.2f}%, {s.seconds:.2f} s",
             f"costs        {self.cost_model}: {self.cost_source}"
             + (f", {self.run_overhead_seconds * 1e3:.3f} ms a run beyond the operators" if self.run_overhead_seconds
-               else ""),
+               else "")
+            + (f"; time x{self.load_ratio:.2f} for the load a run that long meets now against keep-all's"
+               if self.load_ratio != 1.0 else ""),
         ]
         if self.computed_once:
             once = self.computed_once

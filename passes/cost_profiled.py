@@ -28,7 +28,9 @@ The graph is read on onnx-ir (each group's nodes, what they read from outside an
 values' producers and uses); the runtimes run protos, serialised once per measurement.
 
 Results are cached as JSON (default `~/.cache/onnx-remat/`), keyed by the graph's structure and shapes
-(not its weights), the groups, the devices, the runtime versions and the machine, so a second run is instant.
+(not its weights), the groups, the devices, the runtime versions and the machine, so a second run measures no
+operator. Cached in-graph costs are scaled to whole-model runs timed at use (`retime`): they hold the load of the
+moment they were measured (the README's main job: 54 ms cached under load, 29 ms measured on a quiet machine).
 An entry that cannot be read or does not fit (truncated, edited, negative or non-finite times) is measured again
 and rewritten, with a RematWarning; a cache that cannot be written is a warning too, never a failure.
 """
@@ -68,7 +70,7 @@ from onnx_remat.passes.sizes import TensorInfo
 
 MeasureProgress = Callable[[int, int, str], None]
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 METHODS = ("profiled", "in-graph")
 IN_GRAPH_RUNS = 15
 """Profiled whole-model runs; an operator's share is its median over them: on a loaded machine a run stalls for
@@ -86,6 +88,8 @@ NODE_CHAIN = 100
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
+RETIME_RUNS = 5
+"""Whole-model runs that re-timing cached costs takes at least (two warm-up runs and three timed ones)."""
 FEED_BYTES_FACTOR = 3
 """Bytes drawn per input byte when feeding an operator: float64 random values, then their float32 copy."""
 
@@ -101,6 +105,8 @@ class ProfiledCosts:
     - `call_overhead_seconds[device]`: the runtime's fixed cost of one call on the device.
     - `run_overhead_seconds[device]`: what a whole-model run on the device costs beyond its operators: the call,
       and moving the graph inputs from the host and the outputs back.
+    - `cpu_share[device]` (in-graph costs): the CPU time of the whole-model runs the costs are scaled to over their
+      wall time (1 at most; less where they waited for a core), so a prediction can tell the CPU time of a run.
     """
 
     devices: tuple[str, ...]
@@ -109,7 +115,10 @@ class ProfiledCosts:
     copy_fixed_seconds: tuple[tuple[float, ...], ...]
     call_overhead_seconds: dict[str, float]
     run_overhead_seconds: dict[str, float]
+    cpu_share: dict[str, float] = dataclasses.field(default_factory=dict)
     from_cache: bool = False
+    retimed: dict[str, float] | None = None
+    """For cached in-graph costs timed again at use: each device's factor its cached costs were scaled by."""
 
     def apply(self, problem: Problem) -> Problem:
         """`problem` with these costs and copy costs (fixed and per byte), matched to its devices by name."""
@@ -128,9 +137,9 @@ class ProfiledCosts:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of the measurements (without the cache flag)."""
+        """A JSON-ready dict of the measurements (without the cache flag and the re-timing)."""
         data = dataclasses.asdict(self)
-        del data["from_cache"]
+        del data["from_cache"], data["retimed"]
         return data
 
     @classmethod
@@ -143,6 +152,7 @@ class ProfiledCosts:
             copy_fixed_seconds=tuple(tuple(row) for row in data["copy_fixed_seconds"]),
             call_overhead_seconds=dict(data["call_overhead_seconds"]),
             run_overhead_seconds=dict(data["run_overhead_seconds"]),
+            cpu_share=dict(data["cpu_share"]),
             from_cache=from_cache,
         )
 
@@ -161,7 +171,7 @@ def profile_costs(
     """Measure every operator (a group of node names of the shape-inferred `model`, whose tensors `infos` gives) on
     every device: each alone (`method` "profiled", as the cost model of that name does), or inside whole-model runs
     ("in-graph"); OutOfTime if the measuring is still under way at `deadline` (a time.perf_counter() value), whose
-    part done is not kept."""
+    part done is not kept. Cached in-graph costs are re-timed (`retime`), or served as cached past `deadline`."""
     if method not in METHODS:
         raise ValueError(f"unknown profiling method {method!r}: use one of {', '.join(METHODS)}")
     operators = [tuple(group) for group in groups]
@@ -171,6 +181,9 @@ def profile_costs(
     _refuse_unallocatable(members, infos)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(operators))
+    if cached is not None and method == "in-graph":
+        with contextlib.suppress(OutOfTime):
+            return retime(cached, model, devices, repeats, progress or _no_progress, deadline)
     if cached is not None:
         return cached
     costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method, deadline)
@@ -240,6 +253,9 @@ def _check_fits(costs: ProfiledCosts, devices: tuple[str, ...], operators: int) 
              *(t for matrix in matrices for row in matrix for t in row)]
     if not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
         raise ValueError("it holds a time that is not a finite number of seconds at least 0")
+    if not set(costs.cpu_share) <= set(devices) or not all(
+            isinstance(s, (int, float)) and 0 < s <= 1 for s in costs.cpu_share.values()):
+        raise ValueError("its CPU shares are not of its devices, or not above 0 and at most 1")
 
 
 def _write_cache(path: Path, costs: ProfiledCosts) -> None:
@@ -314,12 +330,15 @@ def _measure(
                     + _moves_seconds(runtime, proto, infos, feeds, repeats) for runtime in runtimes}
     per_device = len(groups) if method == "profiled" else 2
     steps = _Steps(len(devices) * (per_device + len(devices)), progress, deadline)
+    cpu_share: dict[str, float] = {}
     if method == "profiled":
         cost = _operator_costs(_Cutter(model, proto, infos, groups), groups, runtimes, empty, repeats, steps)
     else:
-        cost = {runtime.device.name: _in_graph_costs(proto, groups, runtime, empty[runtime.device.name],
-                                                     run_overhead[runtime.device.name], repeats, steps)
-                for runtime in runtimes}
+        cost = {}
+        for runtime in runtimes:
+            name = runtime.device.name
+            cost[name], cpu_share[name] = _in_graph_costs(proto, groups, runtime, empty[name], run_overhead[name],
+                                                          repeats, steps)
     per_byte, fixed = _copy_matrices(runtimes, overhead, repeats, steps)
     steps.finish()
     return ProfiledCosts(
@@ -329,7 +348,32 @@ def _measure(
         copy_fixed_seconds=fixed,
         call_overhead_seconds=overhead,
         run_overhead_seconds=run_overhead,
+        cpu_share=cpu_share,
     )
+
+
+def retime(
+    costs: ProfiledCosts, model: ir.Model, devices: tuple[Device, ...], repeats: int, progress: MeasureProgress,
+    deadline: float | None = None,
+) -> ProfiledCosts:
+    """`costs` (in-graph) with each device's operator costs scaled so that they add up, with the run's overhead, to
+    the median of whole-model runs timed now, as measuring them did, with those runs' CPU share: the operators'
+    shares and the overheads are kept, the load of the moment they were measured is not. OutOfTime if the runs would
+    pass `deadline`."""
+    proto = to_proto(model)
+    feeds = random_feeds(proto, seed=0)
+    steps = _Steps(len(devices), progress, deadline)
+    scales: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    for device in devices:
+        name, overhead = device.name, costs.run_overhead_seconds[device.name]
+        cached = sum(costs.cost[name])
+        steps.step(f"whole model on {name}", needs=RETIME_RUNS * (cached + overhead))
+        whole, shares[name] = _whole_seconds(_whole_run(runtime_for(device), proto, feeds), repeats)
+        scales[name] = max(whole - overhead, MIN_SECONDS) / cached
+    steps.finish()
+    cost = {name: tuple(max(c * scales[name], MIN_SECONDS) for c in values) for name, values in costs.cost.items()}
+    return dataclasses.replace(costs, cost=cost, cpu_share=shares, retimed=scales)
 
 
 class OutOfTime(Exception):
@@ -376,14 +420,15 @@ def _operator_costs(
 def _in_graph_costs(
     model: onnx.ModelProto, groups: list[list[ir.Node]], runtime: Runtime, empty: Callable[[], object],
     run_overhead: float, repeats: int, steps: _Steps,
-) -> tuple[float, ...]:
+) -> tuple[tuple[float, ...], float]:
     """Seconds of every group's nodes inside whole-model runs on the runtime's device: its nodes' per-node overhead
-    and its share of the rest of a run, the run's overhead taken out (see the module docstring)."""
+    and its share of the rest of a run, the run's overhead taken out (see the module docstring); and the CPU share of
+    those runs."""
     steps.step(f"whole model on {runtime.device.name}")
     owner = {name: g for g, group in enumerate(groups) for node in group
              for name in (named(node), *(value.name for value in node.outputs if value.name))}
     feeds = random_feeds(model, seed=0)
-    whole = _median_seconds(_whole_run(runtime, model, feeds), repeats)
+    whole, cpu_share = _whole_seconds(_whole_run(runtime, model, feeds), repeats)
     count = min(IN_GRAPH_RUNS, max(MIN_IN_GRAPH_RUNS, int(IN_GRAPH_SECONDS / whole)))
     steps.step(f"{count} profiled runs on {runtime.device.name}", needs=count * whole)
     runs = runtime.node_seconds(model, feeds, count)
@@ -397,8 +442,9 @@ def _in_graph_costs(
     counts = np.array([len(group) for group in groups])
     rest = max(whole - run_overhead - per_node * counts.sum(), 0.0)
     scale = rest / shares.sum() if shares.sum() > 0 else 0.0
-    return tuple(max(float(per_node * count + seconds * scale), MIN_SECONDS)
-                 for count, seconds in zip(counts, shares, strict=True))
+    costs = tuple(max(float(per_node * count + seconds * scale), MIN_SECONDS)
+                  for count, seconds in zip(counts, shares, strict=True))
+    return costs, cpu_share
 
 
 def _owner(name: str, owner: dict[str, int]) -> int | None:
@@ -439,6 +485,21 @@ def _median_seconds(run: Callable[[], object], repeats: int, baseline: Callable[
     while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() - started < _SECONDS_PER_MEASUREMENT):
         samples.append(_seconds(run) - (_seconds(baseline) if baseline else 0.0))
     return statistics.median(samples)
+
+
+def _whole_seconds(run: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall time of whole-model runs (`_median_seconds`), and the median CPU time of this process over them
+    as a share of it (1 at most: a runtime's threads may spin while they wait for work)."""
+    cpu: list[float] = []
+
+    def timed() -> object:
+        began = time.process_time()
+        result = run()
+        cpu.append(time.process_time() - began)
+        return result
+
+    wall = _median_seconds(timed, repeats)
+    return wall, min(1.0, statistics.median(cpu[2:]) / wall)
 
 
 def _seconds(run: Callable[[], object]) -> float:

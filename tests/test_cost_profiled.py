@@ -237,6 +237,7 @@ CACHE_FAULTS = {
     "one operator short": _edited("cost", lambda cost: {k: v[:-1] for k, v in cost.items()}),
     "NaN time": _edited("cost", lambda cost: {k: [math.nan, *v[1:]] for k, v in cost.items()}),
     "negative time": _edited("call_overhead_seconds", lambda overhead: dict.fromkeys(overhead, -1.0)),
+    "CPU share above 1": _edited("cpu_share", lambda share: {"ort-cpu": 1.5}),
     "text for a time": _edited("cost", lambda cost: {k: ["fast", *v[1:]] for k, v in cost.items()}),
     "a folder": lambda path: (path.unlink(), path.mkdir()),
 }
@@ -283,3 +284,42 @@ def test_costs_not_measured_within_their_share_of_the_time_limit_are_the_rooflin
     assert problem.profiled is None and problem.cost_model == "analytic"
     assert problem.cost_source.startswith("roofline estimates: measuring in-graph costs would take longer than its "
                                           "share of the time limit")
+
+
+def test_cached_in_graph_costs_are_scaled_to_whole_runs_timed_now(model, devices, tmp_path, monkeypatch):
+    """A cached entry from a loaded moment (every cost ten times what was measured): read back, each device's costs
+    keep their shares and are scaled so that with the run's overhead they add up to the whole-model runs timed now
+    (the medians recorded as the real runs return them), and nothing is measured again or rewritten."""
+    groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
+    first = profile_costs(*on_ir(model), groups, devices, repeats=3, cache_dir=tmp_path, method="in-graph")
+    (entry,) = tmp_path.glob("costs-*.json")
+    loaded = dataclasses.replace(first, cost={d: tuple(10 * c for c in v) for d, v in first.cost.items()})
+    entry.write_text(json.dumps(loaded.to_json()))
+    written = entry.read_text()
+    timed: list[float] = []
+    median = cost_profiled._median_seconds
+
+    def recorded(*args: Any) -> float:
+        timed.append(median(*args))
+        return timed[-1]
+
+    monkeypatch.setattr(cost_profiled, "_median_seconds", recorded)
+    monkeypatch.setattr(cost_profiled, "_measure", lambda *args: pytest.fail("the cache should have answered"))
+    again = profile_costs(*on_ir(model), groups, devices, repeats=3, cache_dir=tmp_path, method="in-graph")
+    assert again.from_cache and again.retimed is not None and entry.read_text() == written
+    assert len(timed) == len(devices)
+    for whole, device in zip(timed, devices, strict=True):
+        name = device.name
+        assert sum(again.cost[name]) + again.run_overhead_seconds[name] == pytest.approx(whole)
+        assert again.cost[name] == pytest.approx([c * again.retimed[name] for c in loaded.cost[name]])
+    assert again.run_overhead_seconds == first.run_overhead_seconds
+    assert set(again.cpu_share) == set(first.cpu_share) == {d.name for d in devices}
+    assert all(0 < share <= 1 for share in again.cpu_share.values())
+
+
+def test_cached_costs_are_served_as_cached_past_the_deadline(model, devices, tmp_path):
+    """No time left to re-time cached in-graph costs: they serve as they were cached, not re-timed."""
+    first = profile_costs(*on_ir(model), GROUPS, devices[:1], repeats=1, cache_dir=tmp_path, method="in-graph")
+    again = profile_costs(*on_ir(model), GROUPS, devices[:1], repeats=1, cache_dir=tmp_path, method="in-graph",
+                          deadline=time.perf_counter())
+    assert again.from_cache and again.retimed is None and again.cost == first.cost

@@ -31,7 +31,7 @@ def measurements(monkeypatch) -> list[int]:
     return calls
 
 
-def test_default_costs_are_measured_once_then_read_from_the_cache(measurements, tmp_path):
+def test_default_costs_are_measured_once_then_read_from_the_cache_and_retimed(measurements, tmp_path):
     first = onnx_remat.remat(conv_chain(), "60%", cache_dir=tmp_path)
     report = first.report
     assert report.cost_model == "in-graph" and first.profiled is not None and not first.profiled.from_cache
@@ -39,18 +39,22 @@ def test_default_costs_are_measured_once_then_read_from_the_cache(measurements, 
     assert first.problem.cost == (first.profiled.cost["cpu"],)
     overhead = first.profiled.run_overhead_seconds["cpu"]
     assert report.run_overhead_seconds == overhead > 0
-    assert report.predicted_seconds == pytest.approx(simulate(first.problem, first.schedule).total_cost + overhead)
+    predicted = simulate(first.problem, first.schedule).total_cost + overhead
+    assert report.predicted_seconds == pytest.approx(predicted * report.load_ratio) and report.load_ratio > 0
     assert report.keep_all_seconds == pytest.approx(sum(first.problem.cost[0]) + overhead)
     assert "costs        in-graph: measured cpu on this machine" in report.summary()
+    assert ("for the load a run that long meets now" in report.summary()) == (report.load_ratio != 1)
     assert json.loads(report.to_json())["cost_model"] == "in-graph"
     [entry] = tmp_path.glob("costs-*.json")
     written = entry.stat().st_mtime_ns
 
     again = onnx_remat.remat(conv_chain(), "60%", cache_dir=tmp_path)
     assert len(measurements) == 1 and entry.stat().st_mtime_ns == written
-    assert again.profiled is not None and again.profiled.from_cache
-    assert again.problem.cost == first.problem.cost
-    assert again.report.cost_source == "read from the cache of cpu on this machine"
+    assert again.profiled is not None and again.profiled.from_cache and again.profiled.retimed is not None
+    scale = again.profiled.retimed["cpu"]
+    assert again.problem.cost[0] == pytest.approx([scale * c for c in first.problem.cost[0]])
+    assert again.report.cost_source == (f"read from the cache of cpu on this machine, scaled x{scale:.2f} to "
+                                        "whole-model runs timed now")
 
 
 def test_default_falls_back_to_the_roofline_when_measuring_fails(monkeypatch, tmp_path):
@@ -63,6 +67,7 @@ def test_default_falls_back_to_the_roofline_when_measuring_fails(monkeypatch, tm
     result = onnx_remat.remat(conv_chain(), "60%", cache_dir=tmp_path)
     report = result.report
     assert result.profiled is None and report.cost_model == "analytic" and report.run_overhead_seconds == 0
+    assert report.load_ratio == 1.0
     assert report.cost_source == "roofline estimates: measuring in-graph costs failed (no runtime here)"
     assert result.problem.cost == onnx_remat.remat(conv_chain(), "60%", cost_model="analytic").problem.cost
     assert "costs        analytic: roofline estimates: measuring in-graph costs failed" in report.summary()

@@ -4,12 +4,13 @@ Per model (the bundled fixtures, the paper's networks from `onnx_remat.models`, 
 `real_model_zoo`), mode and budget, `onnx_remat.remat` rewrites it on one onnxruntime CPU device with the default
 cost model: at 100%, and by default halfway between the minimum and the peak of computing every operator once, so
 that the solver recomputes (1.1 times the minimum where a budget is below it). Then `--rounds` rounds each measure
-the costs afresh (a new cache) and predict the schedule's time from them (its operators' costs and a run's
-overhead, as the summary does), and run the rewritten model as `onnx-remat run` does (the median of `--repeats`
-runs after a warm-up). Predicting and running alternate so that the load of other processes hits both alike; the
-table gives the medians over the rounds, the median of the rounds' ratios, the prediction the summary printed (from
-the costs measured first, under the load then) and the cost model it used (a fallback to the roofline is listed
-with its reason).
+the costs afresh (a new cache) and predict the schedule's time from them as the summary does (its operators' costs
+and a run's overhead, times the load ratio of a run that long against keep-all's: passes/cost_load.py), and run the
+rewritten model as `onnx-remat run` does (the median of `--repeats` runs after a warm-up). Predicting and running
+alternate so that the load of other processes hits both alike; the table gives the medians over the rounds, the
+median of the rounds' ratios with the load ratio and without it (the costs alone), the prediction the summary printed
+(from the costs measured first, under the load then) and the cost model it used (a fallback to the roofline is
+listed with its reason).
 
     python tools/bench_predicted_time.py                                # every model, infer and train, 100% and mid
     python tools/bench_predicted_time.py --models unet_small --modes train --budgets 35% --rounds 5 --threads 1
@@ -58,13 +59,23 @@ class Row:
     cost_source: str
     predicted: float
     measured: float
-    rounds: tuple[tuple[float, float], ...]
-    """Each round's predicted and measured seconds."""
+    rounds: tuple[tuple[float, float, float], ...]
+    """Each round's predicted and measured seconds, and the load ratio in the prediction."""
 
     @property
     def ratio(self) -> float:
         """The median over the rounds of predicted / measured: each round's pair is measured close together."""
-        return statistics.median(predicted / measured for predicted, measured in self.rounds)
+        return statistics.median(predicted / measured for predicted, measured, _ in self.rounds)
+
+    @property
+    def unloaded_ratio(self) -> float:
+        """The same without the load ratio: the operators' costs and the run's overhead alone."""
+        return statistics.median(predicted / load / measured for predicted, measured, load in self.rounds)
+
+    @property
+    def load_ratio(self) -> float:
+        """The median over the rounds of the load ratio in the prediction."""
+        return statistics.median(load for _, _, load in self.rounds)
 
 
 def models(resolution: int, folder: Path) -> dict[str, Callable[[], onnx.ModelProto | str]]:
@@ -104,14 +115,18 @@ def rewrite(
 
 
 def predicted_seconds(model: onnx.ModelProto | str, options: RematOptions, result: RematResult, cost_model: str
-                      ) -> float:
-    """The schedule's time predicted from costs measured now (a fresh cache): its operators and a run's overhead."""
+                      ) -> tuple[float, float]:
+    """The schedule's time predicted from costs measured now (a fresh cache) as the summary does: its operators and a
+    run's overhead, times the load ratio of a run that long against keep-all's; and that load ratio."""
     with tempfile.TemporaryDirectory() as cache:
         costed = costed_problem(prepare(model, options.mode), get_devices(options.devices), cost_model, cache)
     if costed.problem.op_names != result.problem.op_names:
         raise RuntimeError("preparing the model twice gave different operators")
     problem = replace(costed.problem, budgets=result.problem.budgets)
-    return simulate(problem, result.schedule).total_cost + costed.run_overhead
+    seconds = simulate(problem, result.schedule).total_cost + costed.run_overhead
+    keep_all = min(sum(costs) for costs in problem.cost) + costed.run_overhead
+    load = costed.load_ratio(seconds, keep_all)
+    return seconds * load, load
 
 
 def measure(name: str, model: onnx.ModelProto | str, budget: str, options: RematOptions, full: RematResult,
@@ -119,28 +134,36 @@ def measure(name: str, model: onnx.ModelProto | str, budget: str, options: Remat
     """Rewrite one model at one budget, then alternate predicting and running its schedule for `args.rounds`."""
     result, used = (full, budget) if budget == "100%" else rewrite(model, budget, options, full)
     report = result.report
-    predicted, measured = [], []
+    predicted, measured, loads = [], [], []
     for _ in range(args.rounds):
-        predicted.append(predicted_seconds(model, options, result, report.cost_model))
+        seconds, load = predicted_seconds(model, options, result, report.cost_model)
+        predicted.append(seconds)
+        loads.append(load)
         measured.append(onnx_remat.run_on_devices(result.model, options.devices, repeats=args.repeats,
                                                   measure_memory=False).seconds)
     recomputations = sum(r.extra_computations for r in report.recomputations)
     return Row(name, options.mode, used, recomputations, report.predicted_seconds, report.cost_model,
                report.cost_source, statistics.median(predicted), statistics.median(measured),
-               tuple(zip(predicted, measured, strict=True)))
+               tuple(zip(predicted, measured, loads, strict=True)))
 
 
 def table(rows: list[Row], title: str) -> Table:
-    """Model, mode, budget, recomputations, the summary's prediction, the medians predicted and measured, ratio."""
+    """Model, mode, budget, recomputations, the summary's prediction, the medians predicted and measured, the load
+    ratio in the prediction, and predicted / measured with it and without it."""
     out = Table(title=title)
+    within = f"within {100 * TOLERANCE:.0f}%"
     for column in ("model", "mode", "budget", "recomputes", "costs", "summary ms", "predicted ms", "measured ms",
-                   "ratio", f"within {100 * TOLERANCE:.0f}%"):
+                   "load ratio", "ratio", within, "ratio without load", f"{within} without"):
         out.add_column(column, justify="left" if column in ("model", "mode", "budget", "costs") else "right")
     for r in rows:
         out.add_row(r.model, r.mode, r.budget, str(r.recomputations), r.cost_model, f"{r.reported * 1e3:.3f}",
-                    f"{r.predicted * 1e3:.3f}", f"{r.measured * 1e3:.3f}", f"{r.ratio:.3f}",
-                    "yes" if abs(r.ratio - 1) <= TOLERANCE else "NO")
+                    f"{r.predicted * 1e3:.3f}", f"{r.measured * 1e3:.3f}", f"{r.load_ratio:.3f}", f"{r.ratio:.3f}",
+                    _within(r.ratio), f"{r.unloaded_ratio:.3f}", _within(r.unloaded_ratio))
     return out
+
+
+def _within(ratio: float) -> str:
+    return "yes" if abs(ratio - 1) <= TOLERANCE else "NO"
 
 
 def main() -> None:
@@ -158,7 +181,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of predicting and running (default 3)")
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per round, median (default 20)")
     args = parser.parse_args()
-    console = Console(width=160)
+    console = Console(width=200)
     devices = tuple(replace(device, threads=args.threads) for device in get_devices(None))
     with tempfile.TemporaryDirectory() as folder:
         available = models(args.resolution, Path(folder))
@@ -179,9 +202,9 @@ def main() -> None:
                         console.print(failures[-1], highlight=False)
                         continue
                     r = rows[-1]
-                    rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f}" for p, m in r.rounds)
-                    console.print(f"{name} {mode} at {r.budget}: ratio {r.ratio:.3f}; predicted/measured ms by "
-                                  f"round: {rounds}", highlight=False)
+                    rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f} (x{load:.2f})" for p, m, load in r.rounds)
+                    console.print(f"{name} {mode} at {r.budget}: ratio {r.ratio:.3f}; predicted/measured ms (load "
+                                  f"ratio) by round: {rounds}", highlight=False)
     threads = f"{args.threads} threads" if args.threads else "default threads"
     title = (f"predicted against measured time, one onnxruntime CPU device ({threads}), {args.rounds} rounds of "
              f"{args.repeats} runs (medians)")

@@ -39,11 +39,13 @@ SHOWN = 8  # tensors listed per side and step
 
 @dataclass(frozen=True)
 class Step:
-    """One schedule step as a prediction sees it: its peak bytes, the bytes held resident, and the tensors held."""
+    """One schedule step as a prediction sees it: its peak bytes, the bytes held resident, the tensors held and the
+    workspace (the problem's: an operator's internal tensors and scratch; run's: the node's scratch)."""
 
     peak: int
     resident: int
     tensors: dict[str, int]
+    workspace: int
 
 
 def report_steps(costed_problem: CostedProblem, result: RematResult) -> dict[int, Step]:
@@ -58,8 +60,9 @@ def report_steps(costed_problem: CostedProblem, result: RematResult) -> dict[int
         if isinstance(event, Compute):
             held.add(event.op)
             tensors = {name: size for op in held for name, size in exports[op].items()}
-            steps[index] = Step(resident + sum(problem.output_bytes[op] for op in held)
-                                + problem.workspace_bytes[event.op], resident, tensors)
+            workspace = problem.workspace_bytes[event.op]
+            steps[index] = Step(resident + sum(problem.output_bytes[op] for op in held) + workspace, resident,
+                                tensors, workspace)
         elif isinstance(event, Free):
             held.discard(event.op)
     return steps
@@ -94,14 +97,15 @@ def run_steps(model: onnx.ModelProto) -> dict[int, Step]:
             for name, size in node.live.items():
                 original = re.sub(r"__remat\d+$", "", name)
                 tensors[original] = tensors.get(original, 0) + size
-            steps[step] = Step(total, resident, tensors)
+            steps[step] = Step(total, resident, tensors, node.workspace)
     return steps
 
 
 def compare(name: str, report: Step, run: Step) -> None:
     """Print one step's figures and the tensors only one of the predictions holds."""
-    print(f"{name}: report {report.peak / MIB:.3f} MiB (resident {report.resident / MIB:.3f}), "
-          f"run {run.peak / MIB:.3f} MiB (resident {run.resident / MIB:.3f})")
+    print(f"{name}: report {report.peak / MIB:.3f} MiB (resident {report.resident / MIB:.3f}, workspace "
+          f"{report.workspace / MIB:.3f}), run {run.peak / MIB:.3f} MiB (resident {run.resident / MIB:.3f}, workspace "
+          f"{run.workspace / MIB:.3f}; an operator's internal tensors are among those it holds)")
     for side, mine, other in (("report", report, run), ("run", run, report)):
         only = {tensor: size for tensor, size in mine.tensors.items() if tensor not in other.tensors}
         print(f"  only the {side} holds {sum(only.values()) / MIB:.3f} MiB in {len(only)} tensors:")

@@ -6,7 +6,7 @@ measured in a fresh process. The table gives, per rewrite: the budget, the repor
 simulation of the problem), `run`'s predicted peak (from the rewritten graph) and its ratio to the report's (the two
 predictions agree within 10%), the measured peak (the median over `--repeats` fresh processes, each the median of 3
 runs, and their range) and its ratio to the report's prediction, what the runtime kept from its first run (median;
-onnxruntime keeps about 0.2 KiB per node, which no prediction counts yet: docs/measurements.md) and the nodes,
+onnxruntime keeps 0.1-0.3 KiB per node, which no prediction counts yet: docs/measurements.md) and the nodes,
 whether the rewrite measures no heavier than the keep-all one (the model as it runs without onnx-remat's
 recomputation, when 100% is among `--budgets`), and how many nodes onnxruntime ran ahead of the file's order (read
 from its profiler; the schedule's order is the file's).

@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +58,11 @@ class NodeMemory:
     workspace: int
 
 
-def node_memory(model: onnx.ModelProto, threads: int = 1) -> list[NodeMemory]:
+def node_memory(model: onnx.ModelProto, threads: int = 1) -> Iterator[NodeMemory]:
     """Per node of a model run in file order, what it holds while it runs. A buffer lives from its producer to the
     last reader of any tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to
-    the end (onnxruntime frees unread outputs only then)."""
+    the end (onnxruntime frees unread outputs only then). Each node's live buffers are a dict of their own, never
+    changed after it is yielded (no copy per node: a rewrite has thousands of nodes)."""
     model = resolve_shapes(model)
     infos = tensor_infos(model)
     graph = ir.serde.deserialize_model(model).graph
@@ -70,13 +72,11 @@ def node_memory(model: onnx.ModelProto, threads: int = 1) -> list[NodeMemory]:
     last_use = {owner.get(name, name): index for index, node in enumerate(nodes) for name in map(name_of, node.inputs)}
     last_use.update({name: len(nodes) for name in outputs})
     live: dict[str, int] = {}
-    steps = []
     for index, node in enumerate(nodes):
         live.update((name, infos[name].allocated_bytes) for name in map(name_of, node.outputs)
                     if name and name not in owner)
-        steps.append(NodeMemory(dict(live), workspace_bytes(node, infos, threads)))
+        yield NodeMemory(live, workspace_bytes(node, infos, threads))
         live = {name: size for name, size in live.items() if last_use.get(name, len(nodes)) > index}
-    return steps
 
 
 def held_before_run(model: onnx.ModelProto) -> int:

@@ -86,7 +86,7 @@ def exported_tensors(costed_problem: CostedProblem) -> list[dict[str, int]]:
 def run_steps(model: onnx.ModelProto) -> dict[int, Step]:
     """Per schedule step, the rewritten graph's memory at the step's heaviest node: `run`'s prediction."""
     peak = build_plan(model, get_devices(None)).peak_bytes[0]
-    nodes = node_memory(model)
+    nodes = list(node_memory(model))
     resident = peak - max(sum(node.live.values()) + node.workspace for node in nodes)
     steps: dict[int, Step] = {}
     for proto, node in zip(model.graph.node, nodes, strict=True):

@@ -53,13 +53,16 @@ def build_problem(
     constant = {name for name, node in nodes.items() if _is_constant_node(node, constants)}
     if groups is None:
         groups = [(name,) for name in nodes]
-    # A constant node runs up front unless it belongs to a group with real work, where it is recomputed
-    # with the group and its output stays transient (e.g. a weight rescaled for one gradient).
-    prelude = [name for group in groups if all(n in constant for n in group) for name in group]
+    # A constant node runs up front unless it belongs to a group with real work, or its group's outputs are read by
+    # one such group alone, where it is recomputed with the group and its output stays transient (e.g. a weight
+    # rescaled for one gradient).
+    joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
+    prelude = [name for names, _ in joined if all(n in constant for n in names) for name in names]
+    # Constants that joined the operator reading them: the operator keeps the name of its own nodes.
+    moved = {name for names in groups if all(n in constant for n in names) for name in names} - set(prelude)
     graph_outputs = {named(value) for value in graph.outputs}
-    kept = _attach_views([(tuple(names), role) for names, role in zip(groups, roles or [""] * len(groups),
-                                                                       strict=True)
-                          if not all(n in constant for n in names)], nodes, graph_outputs)
+    kept = _attach_views([(tuple(names), role) for names, role in joined if not all(n in constant for n in names)],
+                         nodes, graph_outputs)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)
@@ -72,7 +75,7 @@ def build_problem(
                                                                                                    strict=True)]
     devices = tuple(device_costs)
     problem = Problem(
-        op_names=tuple(_group_name(group) for group in ops),
+        op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
@@ -145,6 +148,34 @@ def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.N
             merged[target][0].append(names[0])
         group_of.update((nodes[name], target) for name in names)
     return [(tuple(names), role) for names, role in merged]
+
+
+def _join_constant_groups(groups: list[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],
+                          constant: set[str]) -> list[tuple[tuple[str, ...], str]]:
+    """Each group of constant nodes whose outputs one other group alone reads (a loss gradient's seed expanded to the
+    output's shape) joins the front of that group: computed, and recomputed, with it. In the prelude its outputs would
+    count as resident for the whole run, while onnxruntime frees them after their last reader. Copies of running
+    statistics stay up front: a BatchNormalization updates them in place, and the rewrite gives each recomputation its
+    own copy of the prelude's."""
+    merged = [list(names) for names, _ in groups]
+    home = list(range(len(merged)))  # the group each group's nodes are in now
+    readers: dict[ir.Value, set[int]] = {}
+    for g, names in enumerate(merged):
+        for value in (value for name in names for value in value_reads(nodes[name])):
+            readers.setdefault(value, set()).add(g)
+    for g in reversed(range(len(merged))):
+        values = [value for name in merged[g] for value in nodes[name].outputs]
+        if not all(name in constant for name in merged[g]) or any(
+                value.is_graph_output() or any(use.node.op_type == "BatchNormalization" for use in value.uses())
+                for value in values):
+            continue
+        targets = {home[r] for value in values for r in readers.get(value, ())} - {g}
+        target = targets.pop() if len(targets) == 1 else g
+        if not all(name in constant for name in merged[target]):
+            merged[target][:0] = merged[g]
+            merged[g] = []
+            home = [target if h == g else h for h in home]
+    return [(tuple(names), role) for names, (_, role) in zip(merged, groups, strict=True) if names]
 
 
 def _later(group: int | None, target: int) -> bool:

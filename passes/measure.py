@@ -22,6 +22,8 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -43,9 +45,24 @@ def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: i
 
 def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     """What `measure_activation_peak` should see for a model run in file order: the largest sum, over nodes,
-    of live buffers plus the node's workspace. A buffer lives from its producer to the last reader of any
-    tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to the end
-    (onnxruntime frees unread outputs only then)."""
+    of live buffers plus the node's workspace (`node_memory`)."""
+    return max((sum(step.live.values()) + step.workspace for step in node_memory(model, threads)), default=0)
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """While a node runs: the bytes of each live buffer (by tensor name; the node's outputs included) and its
+    workspace."""
+
+    live: dict[str, int]
+    workspace: int
+
+
+def node_memory(model: onnx.ModelProto, threads: int = 1) -> Iterator[NodeMemory]:
+    """Per node of a model run in file order, what it holds while it runs. A buffer lives from its producer to the
+    last reader of any tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to
+    the end (onnxruntime frees unread outputs only then). Each node's live buffers are a dict of their own, never
+    changed after it is yielded (no copy per node: a rewrite has thousands of nodes)."""
     model = resolve_shapes(model)
     infos = tensor_infos(model)
     graph = ir.serde.deserialize_model(model).graph
@@ -55,13 +72,11 @@ def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
     last_use = {owner.get(name, name): index for index, node in enumerate(nodes) for name in map(name_of, node.inputs)}
     last_use.update({name: len(nodes) for name in outputs})
     live: dict[str, int] = {}
-    peak = 0
     for index, node in enumerate(nodes):
         live.update((name, infos[name].allocated_bytes) for name in map(name_of, node.outputs)
                     if name and name not in owner)
-        peak = max(peak, sum(live.values()) + workspace_bytes(node, infos, threads))
+        yield NodeMemory(live, workspace_bytes(node, infos, threads))
         live = {name: size for name, size in live.items() if last_use.get(name, len(nodes)) > index}
-    return peak
 
 
 def held_before_run(model: onnx.ModelProto) -> int:

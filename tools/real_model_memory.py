@@ -2,11 +2,14 @@
 
 For each architecture of the zoo, exporter and mode (infer, train), the model is rewritten at keep-all (100%), 50% and
 its minimum, and each rewrite is run by `onnx-remat run`'s machinery on one onnxruntime CPU device, with its peak
-measured in a fresh process. The table gives, per rewrite: the budget, the report's predicted peak, `run`'s predicted
-peak, the measured peak (the median over `--repeats` fresh processes, each the median of 3 runs, and their range)
-and its ratio to the report's prediction, whether the rewrite measures no heavier than the keep-all one (the
-model as it runs without onnx-remat's recomputation, when 100% is among `--budgets`), and how many nodes onnxruntime
-ran ahead of the file's order (read from its profiler; the schedule's order is the file's).
+measured in a fresh process. The table gives, per rewrite: the budget, the report's predicted peak (the solver's
+simulation of the problem), `run`'s predicted peak (from the rewritten graph) and its ratio to the report's (the two
+predictions agree within 10%), the measured peak (the median over `--repeats` fresh processes, each the median of 3
+runs, and their range) and its ratio to the report's prediction, what the runtime kept from its first run (median;
+onnxruntime keeps 0.1-0.3 KiB per node, which no prediction counts yet: docs/measurements.md) and the nodes,
+whether the rewrite measures no heavier than the keep-all one (the model as it runs without onnx-remat's
+recomputation, when 100% is among `--budgets`), and how many nodes onnxruntime ran ahead of the file's order (read
+from its profiler; the schedule's order is the file's).
 
     python tools/real_model_memory.py --models resnet18,gpt,lstm --exporters legacy --modes infer,train
     python tools/real_model_memory.py --models mobilenet_v3_small --modes train --budgets min --repeats 5
@@ -41,7 +44,8 @@ come from a heap the warm-up run touched and escape the measurement (BERT at 32 
 prediction at a 64 KiB threshold, at 256 rows 99%)."""
 BUDGETS = ("100%", "50%", "min")
 PREDICTION_TOLERANCE = 0.10
-"""How far a measured peak may be from the report's prediction and still count as matching it."""
+"""How far a measured peak, or `run`'s prediction, may be from the report's prediction and still count as matching
+it."""
 MEASUREMENT_NOISE = 0.005
 """Spread of repeated measurements of one model (0.2% seen on ResNet-18): a rewrite within it of keep-all's peak
 counts as no heavier."""
@@ -60,6 +64,8 @@ class Measured:
     report_peak: int | None = None
     run_peak: int | None = None
     measured_peaks: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
+    nodes: int | None = None
     recomputed_nodes: int | None = None
     ahead_of_order: int | None = None
     failure: str = ""
@@ -72,6 +78,11 @@ class Measured:
     def ratio(self) -> float | None:
         return None if not (self.report_peak and self.measured_peak) else self.measured_peak / self.report_peak
 
+    @property
+    def run_ratio(self) -> float | None:
+        """`run`'s prediction (from the rewritten graph) over the report's (the solver's simulation)."""
+        return None if not (self.report_peak and self.run_peak) else self.run_peak / self.report_peak
+
 
 def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: Path, time_limit: float,
             repeats: int) -> Measured:
@@ -82,7 +93,7 @@ def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: 
                        time_limit=time_limit, find_minimum=budget == "min")
         out = path.with_name(f"{path.stem}.{mode}.{budget.rstrip('%')}.onnx")
         result.save(out)
-        run = run_on_devices(out, None, repeats=1)
+        run = run_on_devices(out, None, repeats=1, measure_memory=False)
     except RematError as exc:
         row.failure = str(exc)[:120]
         return row
@@ -91,8 +102,10 @@ def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: 
     (row.run_peak,) = run.predicted_peak_bytes.values()
     model = load.load_model(out)
     plan, feeds = build_plan(model, get_devices(None)), input_values(model, None)
-    row.measured_peaks = (*run.measured_peak_bytes.values(),
-                          *(measure_device_peaks(plan, feeds).peak_bytes[0] for _ in range(repeats - 1)))
+    measured = [measure_device_peaks(plan, feeds) for _ in range(max(repeats, 1))]
+    row.measured_peaks = tuple(peaks.peak_bytes[0] for peaks in measured)
+    row.kept = tuple(peaks.kept_bytes[0] for peaks in measured)
+    row.nodes = len(model.graph.node)
     row.recomputed_nodes = result.report.recomputed_nodes
     row.ahead_of_order = ahead_of_file_order(model, executed_node_names(out, feeds))
     return row
@@ -117,9 +130,19 @@ def _range(values: tuple[int, ...]) -> str:
     return "-" if not values else f"{min(values) / MIB:.2f}-{max(values) / MIB:.2f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _within(ratio: float | None) -> str:
+    """Whether a ratio of two peaks is within PREDICTION_TOLERANCE of 1."""
+    return "-" if ratio is None else ("yes" if abs(ratio - 1) <= PREDICTION_TOLERANCE else "NO")
+
+
 COLUMNS = ("model", "batch", "exporter", "mode", "budget", "budget MiB", "report peak MiB", "run peak MiB",
-           "measured MiB", "measured range MiB", "measured/report", "recomputed nodes", "nodes run ahead of file order",
-           "within budget", "within 10%", "no heavier than keep-all (0.5%)", "failure")
+           "run/report", "predictions agree", "measured MiB", "measured range MiB", "measured/report",
+           "kept KiB", "nodes", "recomputed nodes", "nodes run ahead of file order", "within budget", "within 10%",
+           "no heavier than keep-all (0.5%)", "failure")
 
 
 def _row(row: Measured, keep_all: Measured | None) -> list[str]:
@@ -127,12 +150,14 @@ def _row(row: Measured, keep_all: Measured | None) -> list[str]:
     lighter = "-" if keep_all is None or None in (measured, keep_all.measured_peak) else \
         ("yes" if measured <= keep_all.measured_peak * (1 + MEASUREMENT_NOISE) else "NO")
     return [row.model, str(row.batch), row.exporter, row.mode, row.budget, _mib(row.budget_bytes),
-            _mib(row.report_peak), _mib(row.run_peak), _mib(measured), _range(row.measured_peaks),
-            "-" if row.ratio is None else f"{row.ratio:.3f}",
+            _mib(row.report_peak), _mib(row.run_peak), _ratio(row.run_ratio), _within(row.run_ratio),
+            _mib(measured), _range(row.measured_peaks),
+            _ratio(row.ratio), "-" if not row.kept else f"{statistics.median(row.kept) / 1024:.0f}",
+            "-" if row.nodes is None else str(row.nodes),
             "-" if row.recomputed_nodes is None else str(row.recomputed_nodes),
             "-" if row.ahead_of_order is None else str(row.ahead_of_order),
             "-" if measured is None else ("yes" if measured <= row.budget_bytes else "NO"),
-            "-" if row.ratio is None else ("yes" if abs(row.ratio - 1) <= PREDICTION_TOLERANCE else "NO"),
+            _within(row.ratio),
             lighter, row.failure]
 
 

@@ -47,8 +47,10 @@ PREDICTION_TOLERANCE = 0.10
 """How far a measured peak, or `run`'s prediction, may be from the report's prediction and still count as matching
 it."""
 MEASUREMENT_NOISE = 0.005
-"""Spread of repeated measurements of one model (0.2% seen on ResNet-18): a rewrite within it of keep-all's peak
-counts as no heavier."""
+"""Relative spread of repeated measurements of one model (0.2% seen on ResNet-18). A rewrite counts as heavier than
+keep-all only if its lightest measurement is above keep-all's heaviest by more than this: on models of a few MiB the
+fresh processes' spread (0.1-0.3 MiB, what onnxruntime keeps from its first run) is larger than 0.5%, and a
+rewrite with no recomputation measured 'heavier' than the same schedule at keep-all."""
 
 
 @dataclass
@@ -142,13 +144,13 @@ def _within(ratio: float | None) -> str:
 COLUMNS = ("model", "batch", "exporter", "mode", "budget", "budget MiB", "report peak MiB", "run peak MiB",
            "run/report", "predictions agree", "measured MiB", "measured range MiB", "measured/report",
            "kept KiB", "nodes", "recomputed nodes", "nodes run ahead of file order", "within budget", "within 10%",
-           "no heavier than keep-all (0.5%)", "failure")
+           "no heavier than keep-all", "failure")
 
 
 def _row(row: Measured, keep_all: Measured | None) -> list[str]:
     measured = row.measured_peak
-    lighter = "-" if keep_all is None or None in (measured, keep_all.measured_peak) else \
-        ("yes" if measured <= keep_all.measured_peak * (1 + MEASUREMENT_NOISE) else "NO")
+    lighter = "-" if keep_all is None or not (row.measured_peaks and keep_all.measured_peaks) else \
+        ("yes" if min(row.measured_peaks) <= max(keep_all.measured_peaks) * (1 + MEASUREMENT_NOISE) else "NO")
     return [row.model, str(row.batch), row.exporter, row.mode, row.budget, _mib(row.budget_bytes),
             _mib(row.report_peak), _mib(row.run_peak), _ratio(row.run_ratio), _within(row.run_ratio),
             _mib(measured), _range(row.measured_peaks),

@@ -215,3 +215,15 @@ def test_equal_budget_minimum_brackets_the_true_one(p: Problem):
         solve(replace(p, budgets=(minimum.lower - 1,) * p.num_devices))
     at_minimum = replace(p, budgets=(minimum.feasible,) * p.num_devices)
     check_schedule(at_minimum, solve(at_minimum).schedule)
+
+
+def test_a_recomputation_cascade_deeper_than_pythons_recursion_limit():
+    """A 2000-operator chain whose last output a big operator's workspace evicts, then read at the end: the heuristic
+    recomputes the whole chain, one nested call per operator (ShuffleNetV2's training step at its minimum raised
+    RecursionError)."""
+    m, big = 2000, 100
+    edges = [(i, i + 1) for i in range(m - 1)] + [(m - 1, m + 1), (m, m + 1)]
+    p = problem(edges, [2] * m + [big, 1], [[1.0] * (m + 2)], [big + 4], workspace=[0] * m + [3, 0])
+    schedule = offload(p, 0)
+    assert schedule is not None and schedule.recompute_count() >= m
+    check_schedule(p, schedule)

@@ -13,10 +13,16 @@ connected graphs (DenseNet) recomputation can cascade for minutes: a deadline en
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
+
+FRAMES_PER_RECOMPUTATION = 3
+"""Python frames a recomputation cascade nests per operator (run, fetch, and a margin)."""
 
 
 class _OutOfTime(Exception):
@@ -148,8 +154,9 @@ class _Evictor:
             return False
         inputs = set(p.predecessors[op])
         pinned = keep | inputs
-        if not all(self.fetch(i, stage, pinned) for i in sorted(inputs)):
-            return False
+        for i in sorted(inputs):  # a loop, not all(...): nested calls then take no C stack (see offload)
+            if not self.fetch(i, stage, pinned):
+                return False
         if not self.make_room(p.output_bytes[op] + p.workspace_bytes[op], pinned, stage):
             return False
         self.place(op, self.compute, Compute(op, stage, self.compute))
@@ -174,8 +181,21 @@ def offload(
     is not found by `deadline` (a `time.perf_counter()` value)."""
     state = _Evictor(problem, compute, store, deadline)
     try:
-        if all(state.step(v) for v in range(problem.num_ops)):
-            return Schedule(tuple(state.events))
+        with _recursion_room(problem.num_ops):
+            if all(state.step(v) for v in range(problem.num_ops)):
+                return Schedule(tuple(state.events))
     except _OutOfTime:
         pass
     return None
+
+
+@contextmanager
+def _recursion_room(operators: int) -> Iterator[None]:
+    """Room for a recomputation cascade through every operator: each recomputed operator is a nested run -> fetch
+    call (ShuffleNetV2's training step at its minimum went past Python's default of 1000 frames)."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(before + FRAMES_PER_RECOMPUTATION * operators)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)

@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
-from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
@@ -130,14 +130,16 @@ def _group_name(nodes: list[ir.Node]) -> str:
 def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.Node],
                   graph_outputs: set[str]) -> list[tuple[tuple[str, ...], str]]:
     """Each operator that is one view node (a Reshape, Squeeze... whose output shares its input's buffer in
-    onnxruntime) joins the operator producing that input, when everything else it reads is ready there: the two
+    onnxruntime, or an activation written in place over the input it alone reads) joins the operator producing that
+    input, when everything else it reads is ready there: the two
     tensors are one buffer, which lives until the last reader of either, so they are kept and freed as one."""
     merged: list[tuple[list[str], str]] = []
     group_of: dict[ir.Node, int] = {}
     for names, role in kept:
         node = nodes[names[0]]
         source = node.inputs[0] if node.inputs else None
-        view = len(names) == 1 and source is not None and shared_buffers([node], graph_outputs)
+        view = len(names) == 1 and source is not None and (
+            bool(shared_buffers([node], graph_outputs)) or writes_in_place(node))
         target = _group(group_of, source) if view and source is not None else None
         if target is not None and any(_later(_group(group_of, value), target) for value in value_reads(node)):
             target = None

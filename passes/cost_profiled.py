@@ -62,6 +62,7 @@ from onnx import helper, numpy_helper
 from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, RematWarning, one_line
 from onnx_remat.core.problem import Problem
+from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.build_problem import constant_values
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.manager import name_of, named, to_proto
@@ -201,8 +202,8 @@ def _refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorIn
     """ModelError if an operator's tensors (its random inputs drawn in float64, its outputs) would not fit in the
     memory this machine has available: measuring it would fail mid-way."""
     needed, name = max(
-        (sum(FEED_BYTES_FACTOR * infos[t].nbytes for n in group for t in map(name_of, n.inputs) if t in infos)
-         + sum(infos[t].nbytes for n in group for t in map(name_of, n.outputs) if t in infos), named(group[0]))
+        (sum(FEED_BYTES_FACTOR * infos[t].nbytes for t in _feeds(group) if t in infos)
+         + sum(infos[t].nbytes for t in _buffers(group) if t in infos), named(group[0]))
         for group in groups
     )
     available = available_memory_bytes()
@@ -212,6 +213,18 @@ def _refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorIn
             f"the {available / 2**30:.1f} GiB this machine has available: use --cost-model analytic or a smaller "
             "--input-shape"
         )
+
+
+def _feeds(group: list[ir.Node]) -> set[str]:
+    """What the group reads from outside it."""
+    inside = {name for node in group for name in map(name_of, node.outputs)}
+    return {name for node in group for name in map(name_of, node.inputs) if name and name not in inside}
+
+
+def _buffers(group: list[ir.Node]) -> set[str]:
+    """The group's outputs, one per buffer: a view or an activation written in place shares its input's."""
+    owner = shared_buffers(group, set())
+    return {owner.get(name, name) for node in group for name in map(name_of, node.outputs) if name}
 
 
 def available_memory_bytes() -> int | None:

@@ -39,7 +39,7 @@ def test_points_match_remat_and_infeasible_budgets_state_the_minimum() -> None:
 
 def test_sweep_on_two_devices_reports_each_devices_peak_within_its_budget() -> None:
     devices = str(Path(__file__).resolve().parent.parent / "devices" / "ort-cpu+ov-cpu.toml")
-    result = sweep(skip_net(), parse_budgets("100%,60%"), RematOptions(devices=devices, cost_model="analytic"))
+    result = sweep(skip_net(), parse_budgets("100%,70%"), RematOptions(devices=devices, cost_model="analytic"))
     for p in result.points:
         assert [name for name, _ in p.device_peak_bytes] == ["ort-cpu", "ov-cpu"]
         percent = float(p.label.rstrip("%")) / 100
@@ -47,7 +47,7 @@ def test_sweep_on_two_devices_reports_each_devices_peak_within_its_budget() -> N
         for (_, peak), usage in zip(p.device_peak_bytes, report.device_usage, strict=True):
             assert peak == usage.peak_bytes <= usage.budget_bytes == int(percent * usage.keep_all_bytes)
         assert p.copies == len(report.copies)
-    assert result.points[-1].copies > 0  # at 60% ort-cpu offloads tensors to ov-cpu
+    assert result.points[-1].copies > 0  # at 70% ort-cpu offloads tensors to ov-cpu
 
 
 def test_measure_on_two_devices_runs_each_devices_segments_on_its_runtime(monkeypatch) -> None:

@@ -1,7 +1,7 @@
 """Solve times of the multi-device MILP: a 2-device training chain (T=40) and a U-Net-like DAG.
 
 Device 0 ("gpu") is 3x faster with a small budget, device 1 ("cpu") slow with plenty; copies cost
-per byte. Run: python tools/bench_multidevice.py [time limit seconds]
+per byte. Run: python tools/bench_multidevice.py [time limit seconds] [solver, default auto: HiGHS on several devices]
 """
 
 from __future__ import annotations
@@ -70,21 +70,24 @@ def two_devices(problem: Problem, fast_budget: float, slow: float = 3.0, copy: f
         resident_bytes=(0, 0),
         budgets=(int(keep * fast_budget), 2 * keep),
         copy_seconds_per_byte=((0.0, copy), (copy, 0.0)),
+        copy_fixed_seconds=((0.0, 0.0), (0.0, 0.0)),
     )
 
 
 def main() -> None:
     time_limit = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+    solver = sys.argv[2] if len(sys.argv) > 2 else "auto"
     for name, graph in (("chain T=40", chain(20)), (f"unet T={unet(13).num_ops}", unet(13))):
         problem = two_devices(graph, 0.4)
         model = build_model(problem)
         start = time.perf_counter()
-        result = solve(problem, time_limit=time_limit)
+        result = solve(problem, solver, time_limit=time_limit)
         seconds = time.perf_counter() - start
         copies = sum(isinstance(e, Copy) for e in result.schedule.events)
         peaks = check_schedule(problem, result.schedule).peak_bytes
         print(
-            f"{name}: {len(model.milp.cost)} cols {len(model.milp.row_lower)} rows; {seconds:.1f} s {result.status}, "
+            f"{name} ({result.solver}): {len(model.milp.cost)} cols {len(model.milp.row_lower)} rows; {seconds:.1f} s "
+            f"{result.status}, "
             f"cost {result.objective:.2f} (bound {result.bound:.2f}, gap {100 * result.gap:.1f}%), "
             f"{copies} copies, {result.schedule.recompute_count()} recomputes, peaks {peaks} of {problem.budgets}"
         )

@@ -12,7 +12,9 @@ in and the outputs back as `onnx-remat run` does: `run_overhead_seconds`, which 
 With `method="in-graph"` an operator's cost is instead its share of what its nodes took inside runs of the whole
 model on each device (onnxruntime's profiler, OpenVINO's performance counters; the median of IN_GRAPH_RUNS runs,
 fewer for a slow model), scaled so that a device's costs add up to the whole model's time there without the
-profiler (whose own overhead inflates onnxruntime's small nodes), less the run's overhead; every node also carries
+profiler (whose own overhead inflates onnxruntime's small nodes; timed after `onnx-remat run`'s warm-up, whose first
+runs are slower, and as the interquartile mean of runs, which load cannot flip: `_whole_seconds`), less the run's
+overhead; every node also carries
 the runtime's per-node overhead (measured on a chain of NODE_CHAIN one-element nodes). A runtime that fuses across
 operators is then costed as it runs whole models, which can differ from the sum of its operators alone either way
 (docs/measurements.md). Time the runtime spends in nodes of its own (reorders) goes to the operator whose node or
@@ -66,6 +68,7 @@ from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.build_problem import constant_values
 from onnx_remat.passes.execute import ort_session, random_feeds
 from onnx_remat.passes.manager import name_of, named, to_proto
+from onnx_remat.passes.run_devices import WARMUP_SECONDS
 from onnx_remat.passes.runtimes import Runtime, runtime_for
 from onnx_remat.passes.sizes import TensorInfo
 
@@ -89,8 +92,9 @@ NODE_CHAIN = 100
 COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24)
 MIN_SECONDS = 1e-7
 _SECONDS_PER_MEASUREMENT = 0.5
-RETIME_RUNS = 5
-"""Whole-model runs that re-timing cached costs takes at least (two warm-up runs and three timed ones)."""
+RETIME_RUNS = 4
+"""Whole-model runs that re-timing cached costs takes at least besides WARMUP_SECONDS: the warm-up's last, three
+timed."""
 FEED_BYTES_FACTOR = 3
 """Bytes drawn per input byte when feeding an operator: float64 random values, then their float32 copy."""
 
@@ -381,7 +385,7 @@ def retime(
     for device in devices:
         name, overhead = device.name, costs.run_overhead_seconds[device.name]
         cached = sum(costs.cost[name])
-        steps.step(f"whole model on {name}", needs=RETIME_RUNS * (cached + overhead))
+        steps.step(f"whole model on {name}", needs=WARMUP_SECONDS + RETIME_RUNS * (cached + overhead))
         whole, shares[name] = _whole_seconds(_whole_run(runtime_for(device), proto, feeds), repeats)
         scales[name] = max(whole - overhead, MIN_SECONDS) / cached
     steps.finish()
@@ -501,18 +505,35 @@ def _median_seconds(run: Callable[[], object], repeats: int, baseline: Callable[
 
 
 def _whole_seconds(run: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Median wall time of whole-model runs (`_median_seconds`), and the median CPU time of this process over them
-    as a share of it (1 at most: a runtime's threads may spin while they wait for work)."""
+    """Wall time of a whole-model run as `onnx-remat run` times it, after its warm-up (WARMUP_SECONDS: a session's
+    first runs are slower, its first 50 runs 4% slower than 50 after 0.5 s on mobilenet_v3_small), and the CPU
+    time of this process over the runs as a share of it (1 at most: a runtime's threads may spin while they wait for
+    work): interquartile means (`interquartile_mean`) of `repeats` runs at most, as many as _SECONDS_PER_MEASUREMENT
+    holds (3 at least)."""
+    began = time.perf_counter()
+    run()
+    while time.perf_counter() - began < WARMUP_SECONDS:
+        run()
+    wall: list[float] = []
     cpu: list[float] = []
+    started = time.perf_counter()
+    while len(wall) < repeats and (len(wall) < 3 or time.perf_counter() - started < _SECONDS_PER_MEASUREMENT):
+        processor, clock = time.process_time(), time.perf_counter()
+        run()
+        wall.append(time.perf_counter() - clock)
+        cpu.append(time.process_time() - processor)
+    whole = interquartile_mean(wall)
+    return whole, min(1.0, interquartile_mean(cpu) / whole)
 
-    def timed() -> object:
-        began = time.process_time()
-        result = run()
-        cpu.append(time.process_time() - began)
-        return result
 
-    wall = _median_seconds(timed, repeats)
-    return wall, min(1.0, statistics.median(cpu[2:]) / wall)
+def interquartile_mean(values: Sequence[float]) -> float:
+    """The mean of the middle half of `values` (all of them below 4): under load a run either keeps its core or waits
+    for other processes' time slices, and the median of such a mix jumps between the two as the share of waiting runs
+    passes one half (mobilenet_v3_small's inference, 20-run windows at load average 6: medians 1.9-15 ms, means
+    6.4-11.3 ms), while this follows that share and still drops a few stalled runs."""
+    ordered = sorted(values)
+    cut = len(ordered) // 4
+    return statistics.fmean(ordered[cut:len(ordered) - cut])
 
 
 def _seconds(run: Callable[[], object]) -> float:

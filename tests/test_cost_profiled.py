@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -289,7 +290,7 @@ def test_costs_not_measured_within_their_share_of_the_time_limit_are_the_rooflin
 def test_cached_in_graph_costs_are_scaled_to_whole_runs_timed_now(model, devices, tmp_path, monkeypatch):
     """A cached entry from a loaded moment (every cost ten times what was measured): read back, each device's costs
     keep their shares and are scaled so that with the run's overhead they add up to the whole-model runs timed now
-    (the medians recorded as the real runs return them; no cost below MIN_SECONDS, which a run faster now than when
+    (the times recorded as the real runs return them; no cost below MIN_SECONDS, which a run faster now than when
     measured can reach), and nothing is measured again or rewritten."""
     groups = GROUPS[:3] + [("flatten_reshape",)] + GROUPS[3:]
     first = profile_costs(*on_ir(model), groups, devices, repeats=3, cache_dir=tmp_path, method="in-graph")
@@ -298,13 +299,14 @@ def test_cached_in_graph_costs_are_scaled_to_whole_runs_timed_now(model, devices
     entry.write_text(json.dumps(loaded.to_json()))
     written = entry.read_text()
     timed: list[float] = []
-    median = cost_profiled._median_seconds
+    whole_seconds = cost_profiled._whole_seconds
 
-    def recorded(*args: Any) -> float:
-        timed.append(median(*args))
-        return timed[-1]
+    def recorded(*args: Any) -> tuple[float, float]:
+        seconds, share = whole_seconds(*args)
+        timed.append(seconds)
+        return seconds, share
 
-    monkeypatch.setattr(cost_profiled, "_median_seconds", recorded)
+    monkeypatch.setattr(cost_profiled, "_whole_seconds", recorded)
     monkeypatch.setattr(cost_profiled, "_measure", lambda *args: pytest.fail("the cache should have answered"))
     again = profile_costs(*on_ir(model), groups, devices, repeats=3, cache_dir=tmp_path, method="in-graph")
     assert again.from_cache and again.retimed is not None and entry.read_text() == written
@@ -327,3 +329,32 @@ def test_cached_costs_are_served_as_cached_past_the_deadline(model, devices, tmp
     again = profile_costs(*on_ir(model), GROUPS, devices[:1], repeats=1, cache_dir=tmp_path, method="in-graph",
                           deadline=time.perf_counter())
     assert again.from_cache and again.retimed is None and again.cost == first.cost
+
+
+def test_whole_runs_are_timed_after_the_executors_warm_up(monkeypatch):
+    """A whole-model run is timed as `onnx-remat run` times it: runs for WARMUP_SECONDS first, none of them timed,
+    then `repeats` timed runs (a fast model), whose interquartile mean is the time and CPU time over it the share (on
+    a clock that runs advance by a 64th of a second of wall time, half of it CPU time)."""
+    clock = SimpleNamespace(wall=0.0, cpu=0.0)
+
+    def run() -> None:
+        clock.wall += 1 / 64
+        clock.cpu += 1 / 128
+
+    monkeypatch.setattr(cost_profiled, "time", SimpleNamespace(perf_counter=lambda: clock.wall,
+                                                               process_time=lambda: clock.cpu))
+    seconds, share = cost_profiled._whole_seconds(run, repeats=7)
+    assert clock.wall == (math.ceil(64 * cost_profiled.WARMUP_SECONDS) + 7) / 64  # warm-up runs, then 7 timed
+    assert (seconds, share) == (1 / 64, 0.5)
+
+
+@pytest.mark.parametrize(("values", "middle"), [
+    ([3.0], [3.0]),
+    ([5.0, 1.0, 2.0], [1.0, 2.0, 5.0]),
+    ([9.0, 1.0, 2.0, 2.0], [2.0, 2.0]),
+    ([2.0, 15.0, 2.0, 14.0, 2.0, 16.0, 2.0, 50.0], [2.0, 2.0, 14.0, 15.0]),
+])
+def test_the_interquartile_mean_averages_the_middle_half(values, middle):
+    """The mean of the middle half of the sorted values (all of them below 4): a bimodal mix of runs that kept their
+    core and runs that waited lands between the two, a stall in the top quarter is dropped."""
+    assert cost_profiled.interquartile_mean(values) == pytest.approx(sum(middle) / len(middle))

@@ -6,11 +6,14 @@ cost model: at 100%, and by default halfway between the minimum and the peak of 
 that the solver recomputes (1.1 times the minimum where a budget is below it). Then `--rounds` rounds each measure
 the costs afresh (a new cache) and predict the schedule's time from them as the summary does (its operators' costs
 and a run's overhead, times the load ratio of a run that long against keep-all's: passes/cost_load.py), and run the
-rewritten model as `onnx-remat run` does (the median of `--repeats` runs after a warm-up). Predicting and running
-alternate so that the load of other processes hits both alike; the table gives the medians over the rounds, the
-median of the rounds' ratios with the load ratio and without it (the costs alone), the prediction the summary printed
-(from the costs measured first, under the load then) and the cost model it used (a fallback to the roofline is
-listed with its reason).
+rewritten model as `onnx-remat run` does (`--repeats` runs after its warm-up). Predicting and running alternate so
+that the load of other processes hits both alike; the table gives the medians over the rounds, the median of the
+rounds' ratios with the load ratio and without it (the costs alone), the prediction the summary printed (from the
+costs measured first, under the load then) and the cost model it used (a fallback to the roofline is listed with its
+reason). A round's measured time is the interquartile mean of its runs, as the costs time whole runs
+(`cost_profiled.interquartile_mean`: under load the runs are a mix of ones that kept their core and ones that waited,
+whose median jumps from one mode to the other); the ratio to the runs' median, which `onnx-remat run` prints, is
+given too.
 
     python tools/bench_predicted_time.py                                # every model, infer and train, 100% and mid
     python tools/bench_predicted_time.py --models unet_small --modes train --budgets 35% --rounds 5 --threads 1
@@ -30,8 +33,11 @@ from rich.console import Console
 from rich.table import Table
 
 import onnx_remat
-from onnx_remat.core.devices import get_devices
+from onnx_remat.core.devices import Device, get_devices
+from onnx_remat.execution import input_values
 from onnx_remat.models import FIXTURES, build
+from onnx_remat.passes.cost_profiled import interquartile_mean
+from onnx_remat.passes.run_devices import _warm_up, build_plan, compile_plan, run_plan
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.pipeline import RematOptions, RematResult, costed_problem, prepare
 
@@ -59,23 +65,29 @@ class Row:
     cost_source: str
     predicted: float
     measured: float
-    rounds: tuple[tuple[float, float, float], ...]
-    """Each round's predicted and measured seconds, and the load ratio in the prediction."""
+    rounds: tuple[tuple[float, float, float, float], ...]
+    """Each round's predicted seconds, measured seconds (interquartile mean and median of its runs), and the load
+    ratio in the prediction."""
 
     @property
     def ratio(self) -> float:
         """The median over the rounds of predicted / measured: each round's pair is measured close together."""
-        return statistics.median(predicted / measured for predicted, measured, _ in self.rounds)
+        return statistics.median(predicted / measured for predicted, measured, _, _ in self.rounds)
 
     @property
     def unloaded_ratio(self) -> float:
         """The same without the load ratio: the operators' costs and the run's overhead alone."""
-        return statistics.median(predicted / load / measured for predicted, measured, load in self.rounds)
+        return statistics.median(predicted / load / measured for predicted, measured, _, load in self.rounds)
+
+    @property
+    def median_ratio(self) -> float:
+        """The median over the rounds of predicted / the median of the round's runs (what `onnx-remat run` prints)."""
+        return statistics.median(predicted / median for predicted, _, median, _ in self.rounds)
 
     @property
     def load_ratio(self) -> float:
         """The median over the rounds of the load ratio in the prediction."""
-        return statistics.median(load for _, _, load in self.rounds)
+        return statistics.median(load for _, _, _, load in self.rounds)
 
 
 def models(resolution: int, folder: Path) -> dict[str, Callable[[], onnx.ModelProto | str]]:
@@ -134,31 +146,44 @@ def measure(name: str, model: onnx.ModelProto | str, budget: str, options: Remat
     """Rewrite one model at one budget, then alternate predicting and running its schedule for `args.rounds`."""
     result, used = (full, budget) if budget == "100%" else rewrite(model, budget, options, full)
     report = result.report
-    predicted, measured, loads = [], [], []
+    predicted, measured, medians, loads = [], [], [], []
     for _ in range(args.rounds):
         seconds, load = predicted_seconds(model, options, result, report.cost_model)
         predicted.append(seconds)
         loads.append(load)
-        measured.append(onnx_remat.run_on_devices(result.model, options.devices, repeats=args.repeats,
-                                                  measure_memory=False).seconds)
+        runs = run_seconds(result.model, options.devices, args.repeats)
+        measured.append(interquartile_mean(runs))
+        medians.append(statistics.median(runs))
     recomputations = sum(r.extra_computations for r in report.recomputations)
     return Row(name, options.mode, used, recomputations, report.predicted_seconds, report.cost_model,
                report.cost_source, statistics.median(predicted), statistics.median(measured),
-               tuple(zip(predicted, measured, loads, strict=True)))
+               tuple(zip(predicted, measured, medians, loads, strict=True)))
+
+
+def run_seconds(model: onnx.ModelProto, devices: tuple[Device, ...], repeats: int) -> list[float]:
+    """Wall seconds of `repeats` runs of the rewritten model as `onnx-remat run` times them (its plan, its warm-up,
+    its random inputs)."""
+    plan = build_plan(model, devices)
+    runtimes, calls = compile_plan(plan)
+    feeds = input_values(model, None)
+    _warm_up(plan, runtimes, calls, feeds)
+    return [run_plan(plan, runtimes, calls, feeds)[1][0] for _ in range(repeats)]
 
 
 def table(rows: list[Row], title: str) -> Table:
     """Model, mode, budget, recomputations, the summary's prediction, the medians predicted and measured, the load
-    ratio in the prediction, and predicted / measured with it and without it."""
+    ratio in the prediction, and predicted / measured with it and without it, and with it against the runs' median."""
     out = Table(title=title)
     within = f"within {100 * TOLERANCE:.0f}%"
     for column in ("model", "mode", "budget", "recomputes", "costs", "summary ms", "predicted ms", "measured ms",
-                   "load ratio", "ratio", within, "ratio without load", f"{within} without"):
+                   "load ratio", "ratio", within, "ratio without load", f"{within} without", "ratio to median",
+                   f"{within} to median"):
         out.add_column(column, justify="left" if column in ("model", "mode", "budget", "costs") else "right")
     for r in rows:
         out.add_row(r.model, r.mode, r.budget, str(r.recomputations), r.cost_model, f"{r.reported * 1e3:.3f}",
                     f"{r.predicted * 1e3:.3f}", f"{r.measured * 1e3:.3f}", f"{r.load_ratio:.3f}", f"{r.ratio:.3f}",
-                    _within(r.ratio), f"{r.unloaded_ratio:.3f}", _within(r.unloaded_ratio))
+                    _within(r.ratio), f"{r.unloaded_ratio:.3f}", _within(r.unloaded_ratio), f"{r.median_ratio:.3f}",
+                    _within(r.median_ratio))
     return out
 
 
@@ -179,7 +204,8 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32, help="the paper networks' input size (default 32)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per rewrite (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of predicting and running (default 3)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed runs per round, median (default 20)")
+    parser.add_argument("--repeats", type=int, default=50, help="timed runs per round (default 50, as many as the "
+                        "costs time whole runs at most)")
     args = parser.parse_args()
     console = Console(width=200)
     devices = tuple(replace(device, threads=args.threads) for device in get_devices(None))
@@ -202,12 +228,12 @@ def main() -> None:
                         console.print(failures[-1], highlight=False)
                         continue
                     r = rows[-1]
-                    rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f} (x{load:.2f})" for p, m, load in r.rounds)
+                    rounds = ", ".join(f"{p * 1e3:.3f}/{m * 1e3:.3f} (x{load:.2f})" for p, m, _, load in r.rounds)
                     console.print(f"{name} {mode} at {r.budget}: ratio {r.ratio:.3f}; predicted/measured ms (load "
                                   f"ratio) by round: {rounds}", highlight=False)
     threads = f"{args.threads} threads" if args.threads else "default threads"
     title = (f"predicted against measured time, one onnxruntime CPU device ({threads}), {args.rounds} rounds of "
-             f"{args.repeats} runs (medians)")
+             f"{args.repeats} runs (interquartile means; medians over the rounds)")
     console.print(table(rows, title))
     for r in rows:
         if r.cost_model == "analytic":

@@ -4,12 +4,14 @@ An operator is a group of nodes: one node in inference, a forward node or the no
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
 plumbing fed only by initializers) run once up front and their outputs count as resident. An operator with a
 node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
-from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included).
+from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
+device's runtime keeps per node after its first run (`node_kept`, by op type: passes/runtime_kept.py) is each operator's
+kept bytes there, and the prelude's count as resident on the first device, where the rewrite puts it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -24,6 +26,8 @@ from onnx_remat.passes.sizes import TensorInfo
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
 NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]
+NodeKept = Callable[[str], int]
+"""Bytes a device's runtime keeps for one node of this op type after the node's first run."""
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,13 @@ def build_problem(
     workspace: NodeWorkspace,
     groups: Sequence[Sequence[str]] | None = None,
     roles: Sequence[str] = (),
+    node_kept: Mapping[str, NodeKept] | None = None,
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
     Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
-    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward.
+    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `node_kept` gives, per
+    device name, what its runtime keeps per node (default: nothing).
     """
     graph = model.graph
     nodes = {named(node): node for node in graph}
@@ -74,12 +80,14 @@ def build_problem(
     output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
+    per_node = [(node_kept or {}).get(device, _nothing) for device in devices]
+    prelude_kept = sum(per_node[0](nodes[name].op_type) for name in prelude) if devices else 0
     problem = Problem(
         op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
-        resident_bytes=(resident,) * len(devices),
+        resident_bytes=tuple(resident + prelude_kept * (d == 0) for d in range(len(devices))),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,
@@ -89,10 +97,16 @@ def build_problem(
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
         computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
+        kept_bytes=tuple(tuple(sum(keeps(node.op_type) for node in group) for group in ops) for keeps in per_node),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
+
+
+def _nothing(op_type: str) -> int:
+    """A runtime that keeps nothing per node."""
+    return 0
 
 
 def _edges(ops: list[list[ir.Node]], group_of: dict[ir.Node, int]) -> tuple[list[tuple[int, int]], set[ir.Value]]:

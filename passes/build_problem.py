@@ -5,8 +5,9 @@ gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (
 plumbing fed only by initializers) run once up front and their outputs count as resident. An operator with a
 node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
 from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
-device's runtime keeps per node after its first run (`node_kept`, by op type: passes/runtime_kept.py) is each operator's
-kept bytes there, and the prelude's count as resident on the first device, where the rewrite puts it.
+device's runtime keeps per node writing into its input's buffer after its first run (`shared_kept`:
+passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's count as resident on the first device,
+where the rewrite puts it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
+from onnx_remat.passes.runtime_kept import sharing_nodes
 from onnx_remat.passes.sizes import TensorInfo
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
 NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]
-NodeKept = Callable[[str], int]
-"""Bytes a device's runtime keeps for one node of this op type after the node's first run."""
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,13 @@ def build_problem(
     workspace: NodeWorkspace,
     groups: Sequence[Sequence[str]] | None = None,
     roles: Sequence[str] = (),
-    node_kept: Mapping[str, NodeKept] | None = None,
+    shared_kept: Mapping[str, int] | None = None,
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
     Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
-    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `node_kept` gives, per
-    device name, what its runtime keeps per node (default: nothing).
+    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `shared_kept` gives, per
+    device name, the bytes its runtime keeps per node writing into its input's buffer (default: none).
     """
     graph = model.graph
     nodes = {named(node): node for node in graph}
@@ -80,8 +80,9 @@ def build_problem(
     output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
-    per_node = [(node_kept or {}).get(device, _nothing) for device in devices]
-    prelude_kept = sum(per_node[0](nodes[name].op_type) for name in prelude) if devices else 0
+    per_node = [(shared_kept or {}).get(device, 0) for device in devices]
+    sharing = sharing_nodes(graph, graph_outputs)
+    prelude_kept = per_node[0] * sum(nodes[name] in sharing for name in prelude) if devices else 0
     problem = Problem(
         op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
@@ -97,16 +98,11 @@ def build_problem(
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
         computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
-        kept_bytes=tuple(tuple(sum(keeps(node.op_type) for node in group) for group in ops) for keeps in per_node),
+        kept_bytes=tuple(tuple(each * sum(node in sharing for node in group) for group in ops) for each in per_node),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
-
-
-def _nothing(op_type: str) -> int:
-    """A runtime that keeps nothing per node."""
-    return 0
 
 
 def _edges(ops: list[list[ir.Node]], group_of: dict[ir.Node, int]) -> tuple[list[tuple[int, int]], set[ir.Value]]:

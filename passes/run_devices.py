@@ -17,10 +17,11 @@ the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted h
 `measure_devices` (a fresh process, the high-water mark reset around every step: `with_measured_peaks`).
 A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
-step reading them, graph outputs to the end), what its runtime keeps for every node of its segments after their first
-run (`runtime_kept`), and while a segment runs what it produces and its workspace, by the liveness rule of
-`measure.predicted_activation_peak`. The runtimes hold nothing else of a segment between its calls (`runtimes`:
-bindings cleared, OpenVINO's request and intermediate memory released), so this is what they use.
+step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
+their input's buffer, after their first run (`runtime_kept`), and while a segment runs what it produces and its
+workspace, by the liveness rule of `measure.predicted_activation_peak`. The runtimes hold nothing else of a segment
+between its calls (`runtimes`: bindings cleared, OpenVINO's request and intermediate memory released), so this is what
+they use.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
 from onnx_remat.passes.measure import predicted_activation_peak
-from onnx_remat.passes.runtime_kept import kept_bytes
+from onnx_remat.passes.runtime_kept import kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
@@ -444,12 +446,13 @@ class _Planner:
         return tuple(parameters)
 
     def _kept_bytes(self, steps: list[Step]) -> tuple[int, ...]:
-        """What each device's runtime keeps for the nodes of its segments after their first run."""
+        """What each device's runtime keeps for the nodes of its segments writing into their input's buffer (a
+        segment's outputs are its session's graph outputs, which a view copies into)."""
         kept = [0] * len(self.devices)
         for step in steps:
-            if isinstance(step, Segment):
-                device = self.devices[step.device]
-                kept[step.device] += sum(kept_bytes(device, node.op_type) for node in step.model.graph.node)
+            if isinstance(step, Segment) and (each := kept_per_shared_buffer(self.devices[step.device])):
+                graph = ir.serde.deserialize_model(step.model).graph
+                kept[step.device] += each * len(sharing_nodes(graph, set(step.outputs)))
         return tuple(kept)
 
     def _peaks(

@@ -121,21 +121,23 @@ def test_solvers_are_optimal_within_the_budget_with_kept_bytes(solver: str, prob
     assert result.objective == pytest.approx(brute_force_kept(problem, "cost", problem.budgets[0]))
 
 
-def test_build_problem_sums_kept_bytes_per_operator_and_the_prelude_on_the_first_device():
-    """Relu keeps 100 bytes, Add 7, Mul nothing; the Add of two initializers (read by two operators) runs up front:
-    resident on the first device."""
+def test_build_problem_counts_nodes_writing_into_their_input_buffer_and_the_prelude_on_the_first_device():
+    """A Relu in place over a Neg's output and an Identity keep 240 bytes each on the first device; the Identity of
+    a sum of initializers (read by two operators) runs up front, so it is resident there."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     weights = [helper.make_tensor(name, TensorProto.FLOAT, [4], [1.0] * 4) for name in ("w", "v")]
     nodes = [helper.make_node("Add", ["w", "v"], ["c"], name="up_front"),
-             helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "c"], ["s"], name="add"),
-             helper.make_node("Mul", ["s", "c"], ["y"], name="mul")]
+             helper.make_node("Identity", ["c"], ["ci"], name="view"),
+             helper.make_node("Neg", ["x"], ["n"], name="neg"),
+             helper.make_node("Relu", ["n"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "ci"], ["s"], name="add"),
+             helper.make_node("Mul", ["s", "ci"], ["y"], name="mul")]
     proto = helper.make_model(helper.make_graph(nodes, "g", [x], [y], weights))
     infos = tensor_infos(proto)
     costs = {name: (lambda node, sizes: 1.0) for name in ("ort", "ov")}
-    kept = {"ort": lambda op: {"Relu": 100, "Add": 7}.get(op, 0), "ov": lambda op: 0}
-    problem = build_problem(ir.from_proto(proto), infos, costs, lambda node, sizes: 0, node_kept=kept).problem
+    graph = build_problem(ir.from_proto(proto), infos, costs, lambda node, sizes: 0, shared_kept={"ort": 240, "ov": 0})
     plain = build_problem(ir.from_proto(proto), infos, costs, lambda node, sizes: 0).problem
-    assert problem.kept_bytes == ((100, 7, 0), (0, 0, 0))
-    assert problem.resident_bytes == (plain.resident_bytes[0] + 7, plain.resident_bytes[1])
+    assert graph.opmap.node_names == (("neg", "relu"), ("add",), ("mul",))
+    assert graph.problem.kept_bytes == ((240, 0, 0), (0, 0, 0))
+    assert graph.problem.resident_bytes == (plain.resident_bytes[0] + 240, plain.resident_bytes[1])

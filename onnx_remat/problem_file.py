@@ -1,6 +1,7 @@
 """Problem files: the solver's Problem as documented JSON, so results can be reproduced and other solvers compared.
 
-Format (version 1), one JSON object; every key is required but `computed_once`, no other key is allowed:
+Format (version 1), one JSON object; every key is required but `computed_once` and an operator's `kept_bytes`, no
+other key is allowed:
 
     {
       "format": "onnx-remat-problem",
@@ -9,7 +10,8 @@ Format (version 1), one JSON object; every key is required but `computed_once`, 
       "copy_seconds_per_byte": [[0.0, 1e-10], [1e-10, 0.0]],
       "copy_fixed_seconds": [[0.0, 2e-5], [2e-5, 0.0]],
       "operators": [
-        {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0}, ...
+        {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0,
+         "kept_bytes": [160, 0]}, ...
       ],
       "edges": [[0, 1], ...],
       "graph_outputs": [7, ...],
@@ -21,7 +23,8 @@ Format (version 1), one JSON object; every key is required but `computed_once`, 
 - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to device e
   takes `fixed + per_byte * b` seconds (devices x devices matrices; the fixed part is paid by every hand-off).
 - `operators[i]`, in a topological order: `seconds[d]` to run it on device d (one entry per device), the bytes
-  of its output, and the transient bytes it needs while it runs.
+  of its output, the transient bytes it needs while it runs, and `kept_bytes[d]`: what device d's runtime keeps for
+  each computation of it there, held for the whole run (optional on reading: none).
 - `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
 - `graph_outputs`: operators whose output must still be held on some device when the run ends.
 - `computed_once`: operators that may be computed only once (random ones: Dropout in training, RandomUniformLike...);
@@ -50,6 +53,7 @@ _TOP_KEYS = (
 _OPTIONAL_TOP_KEYS = ("computed_once",)
 _DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
 _OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
+_OPTIONAL_OPERATOR_KEYS = ("kept_bytes",)
 
 
 def problem_to_json(problem: Problem) -> dict[str, Any]:
@@ -69,6 +73,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
                 "seconds": [problem.cost[d][i] for d in range(problem.num_devices)],
                 "output_bytes": problem.output_bytes[i],
                 "workspace_bytes": problem.workspace_bytes[i],
+                "kept_bytes": [problem.kept_bytes[d][i] for d in range(problem.num_devices)],
             }
             for i in range(problem.num_ops)
         ],
@@ -117,7 +122,8 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
     copy = _matrix(top["copy_seconds_per_byte"], count, f"{where}: copy_seconds_per_byte")
     fixed = _matrix(top["copy_fixed_seconds"], count, f"{where}: copy_fixed_seconds")
     operators = [
-        _object(op, f"{where}: operators[{i}]", _OPERATOR_KEYS) for i, op in enumerate(_list(top, "operators", where))
+        _object(op, f"{where}: operators[{i}]", _OPERATOR_KEYS, _OPTIONAL_OPERATOR_KEYS)
+        for i, op in enumerate(_list(top, "operators", where))
     ]
     n = len(operators)
     seconds = [_seconds_row(op["seconds"], count, f"{where}: operators[{i}].seconds") for i, op in enumerate(operators)]
@@ -126,6 +132,8 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         _index(o, n, f"{where}: graph_outputs[{k}]") for k, o in enumerate(_list(top, "graph_outputs", where))
     )
     once = _computed_once(top, n, where)
+    kept = [_kept_row(op.get("kept_bytes", [0] * count), count, f"{where}: operators[{i}].kept_bytes")
+            for i, op in enumerate(operators)]
     return Problem(
         op_names=tuple(_text(op["name"], f"{where}: operators[{i}].name") for i, op in enumerate(operators)),
         edges=edges,
@@ -145,6 +153,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         copy_seconds_per_byte=copy,
         copy_fixed_seconds=fixed,
         computed_once=once,
+        kept_bytes=tuple(tuple(row[d] for row in kept) for d in range(count)),
     )
 
 
@@ -189,6 +198,13 @@ def _bytes(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ModelError(f"{where} must be a whole number of bytes >= 0, not {value!r}")
     return value
+
+
+def _kept_row(value: Any, count: int, where: str) -> tuple[int, ...]:
+    """A list of `count` byte counts, one per device."""
+    if not isinstance(value, list) or len(value) != count:
+        raise ModelError(f"{where} must be a list of {count} whole numbers of bytes, one per device")
+    return tuple(_bytes(v, f"{where}[{k}]") for k, v in enumerate(value))
 
 
 def _seconds(value: Any, where: str) -> float:

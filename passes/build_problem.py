@@ -4,12 +4,15 @@ An operator is a group of nodes: one node in inference, a forward node or the no
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
 plumbing fed only by initializers) run once up front and their outputs count as resident. An operator with a
 node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
-from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included).
+from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
+device's runtime keeps per node writing into its input's buffer after its first run (`shared_kept`:
+passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's count as resident on the first device,
+where the rewrite puts it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -20,6 +23,7 @@ from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
+from onnx_remat.passes.runtime_kept import sharing_nodes
 from onnx_remat.passes.sizes import TensorInfo
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
@@ -41,11 +45,13 @@ def build_problem(
     workspace: NodeWorkspace,
     groups: Sequence[Sequence[str]] | None = None,
     roles: Sequence[str] = (),
+    shared_kept: Mapping[str, int] | None = None,
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
     Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
-    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward.
+    constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `shared_kept` gives, per
+    device name, the bytes its runtime keeps per node writing into its input's buffer (default: none).
     """
     graph = model.graph
     nodes = {named(node): node for node in graph}
@@ -74,12 +80,15 @@ def build_problem(
     output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
+    per_node = [(shared_kept or {}).get(device, 0) for device in devices]
+    sharing = sharing_nodes(graph, graph_outputs)
+    prelude_kept = per_node[0] * sum(nodes[name] in sharing for name in prelude) if devices else 0
     problem = Problem(
         op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
-        resident_bytes=(resident,) * len(devices),
+        resident_bytes=tuple(resident + prelude_kept * (d == 0) for d in range(len(devices))),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,
@@ -89,6 +98,7 @@ def build_problem(
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
         computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
+        kept_bytes=tuple(tuple(each * sum(node in sharing for node in group) for group in ops) for each in per_node),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()

@@ -26,11 +26,12 @@ Page granularity and allocator slack make small tensors measure poorly. glibc ma
 own only when it has to grow: a free chunk of the heap large enough serves it first, so a held value takes whole pages
 or its bytes depending on where it landed, which its address tells (256 held outputs of 64 KiB take 17 pages each,
 measured 17.0 MiB; counted at their data size they came to 16.8). Blocks under 4 KiB come from the heap, which does
-not shrink below its highest live block. What a runtime keeps is mostly its own state, though: onnxruntime keeps
-0.1-0.3 KiB per node after the node's first run, by op type (chains of 2000 Relu nodes kept 0.39-0.45 MiB, on 256-byte
-and on 16 KiB tensors alike; 500 Conv and Relu nodes 0-52 KiB); DenseNet-121's training step keeps 0.8-1.9 MiB (5597
-nodes), MobileNetV3-small's 0.5-0.8 (2204), spread by 0.1-1.0 MiB between fresh processes (docs/measurements.md).
-The predictions do not count it yet.
+not shrink below its highest live block. What a runtime keeps is partly its own state: onnxruntime keeps about 0.22
+KiB per node that writes into its input's buffer, after the node's first run (chains of 2000 Relu nodes kept 0.42-0.44
+MiB; a chain of Add or Conv nodes nothing measurable), which the predictions count (`runtime_kept`); and partly the
+heap's small tensors, which they do not: DenseNet-121's training step keeps 0.8-1.9 MiB (5597 nodes),
+MobileNetV3-small's 0.5-0.8 (2204 nodes; 85 of the dynamo export's 2556 share a buffer), spread by 0.1-1.0 MiB
+between fresh processes (docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted h
 `measure_devices` (a fresh process, the high-water mark reset around every step: `with_measured_peaks`).
 A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
-step reading them, graph outputs to the end), and while a segment runs what it produces and its workspace, by the
-liveness rule of `measure.predicted_activation_peak`. The runtimes hold nothing of a segment between its calls
-(`runtimes`: bindings cleared, OpenVINO's request and intermediate memory released), so this is what they use.
+step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
+their input's buffer, after their first run (`runtime_kept`), and while a segment runs what it produces and its
+workspace, by the liveness rule of `measure.predicted_activation_peak`. The runtimes hold nothing else of a segment
+between its calls (`runtimes`: bindings cleared, OpenVINO's request and intermediate memory released), so this is what
+they use.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
 from onnx_remat.passes.measure import predicted_activation_peak
+from onnx_remat.passes.runtime_kept import kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
@@ -79,8 +83,9 @@ Step = Segment | Handoff
 
 @dataclass(frozen=True)
 class Plan:
-    """The steps in order, the values to drop after each, where each graph output is, the predicted peaks and the
-    parameter bytes each device's segments read; `model` is the (shape-inferred) model the plan was built from."""
+    """The steps in order, the values to drop after each, where each graph output is, the predicted peaks, the
+    parameter bytes each device's segments read and what its runtime keeps for their nodes; `model` is the
+    (shape-inferred) model the plan was built from."""
 
     devices: tuple[Device, ...]
     steps: tuple[Step, ...]
@@ -89,6 +94,7 @@ class Plan:
     output_names: tuple[str, ...]
     peak_bytes: tuple[int, ...]
     parameter_bytes: tuple[int, ...]
+    kept_bytes: tuple[int, ...]
     model: onnx.ModelProto
 
 
@@ -341,8 +347,10 @@ class _Planner:
         drops = self._drops(steps, last_read)
         outputs = tuple((name, self.home[name]) for name in self.graph_outputs)
         parameters = self._parameter_bytes(steps)
+        kept = self._kept_bytes(steps)
+        base = tuple(p + k for p, k in zip(parameters, kept, strict=True))
         return Plan(self.devices, tuple(steps), drops, outputs, tuple(self.graph_outputs),
-                    self._peaks(steps, drops, parameters), parameters, self.model)
+                    self._peaks(steps, drops, base), parameters, kept, self.model)
 
     def _reads(self, group: list[_Placed]) -> list[str]:
         """The tensors a group reads from outside itself (not parameters), in first-use order."""
@@ -437,10 +445,21 @@ class _Planner:
             parameters[device] = sum(self.infos[name].allocated_bytes for name in used)
         return tuple(parameters)
 
+    def _kept_bytes(self, steps: list[Step]) -> tuple[int, ...]:
+        """What each device's runtime keeps for the nodes of its segments writing into their input's buffer (a
+        segment's outputs are its session's graph outputs, which a view copies into)."""
+        kept = [0] * len(self.devices)
+        for step in steps:
+            if isinstance(step, Segment) and (each := kept_per_shared_buffer(self.devices[step.device])):
+                graph = ir.serde.deserialize_model(step.model).graph
+                kept[step.device] += each * len(sharing_nodes(graph, set(step.outputs)))
+        return tuple(kept)
+
     def _peaks(
         self, steps: list[Step], drops: tuple[tuple[Key, ...], ...], parameters: tuple[int, ...]
     ) -> tuple[int, ...]:
-        """Each device's predicted peak bytes over the steps (see the module docstring)."""
+        """Each device's predicted peak bytes over the steps (see the module docstring); `parameters` is what each
+        device holds throughout: its parameters and what its runtime keeps."""
         held: list[dict[str, int]] = [{} for _ in self.devices]
         peaks = list(parameters)
         for step, dropped in zip(steps, drops, strict=True):

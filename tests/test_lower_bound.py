@@ -92,6 +92,7 @@ def two_device_training(model: str, **kwargs) -> Problem:
         devices=("fast", "slow"),
         cost=(single.cost[0], tuple(2.5 * c for c in single.cost[0])),
         resident_bytes=(single.resident_bytes[0],) * 2,
+        kept_bytes=(single.kept_bytes[0],) * 2,
         budgets=(single.keep_all_bytes(),) * 2,
         copy_seconds_per_byte=((0.0, per_byte), (per_byte, 0.0)),
         copy_fixed_seconds=((0.0, 0.0), (0.0, 0.0)),

@@ -89,6 +89,7 @@ def two_devices(problem: Problem, budget: int) -> Problem:
         devices=("fast", "slow"),
         cost=(problem.cost[0], tuple(SLOWDOWN * c for c in problem.cost[0])),
         resident_bytes=(problem.resident_bytes[0],) * 2,
+        kept_bytes=(problem.kept_bytes[0],) * 2,
         budgets=(budget, budget),
         copy_seconds_per_byte=((0.0, per_byte), (per_byte, 0.0)),
         copy_fixed_seconds=((0.0, 0.0), (0.0, 0.0)),

@@ -5,8 +5,9 @@ its minimum, and each rewrite is run by `onnx-remat run`'s machinery on one onnx
 measured in a fresh process. The table gives, per rewrite: the budget, the report's predicted peak (the solver's
 simulation of the problem), `run`'s predicted peak (from the rewritten graph) and its ratio to the report's (the two
 predictions agree within 10%), the measured peak (the median over `--repeats` fresh processes, each the median of 3
-runs, and their range) and its ratio to the report's prediction, what the runtime kept from its first run (median;
-onnxruntime keeps 0.1-0.3 KiB per node, which no prediction counts yet: docs/measurements.md) and the nodes,
+runs, and their range) and its ratio to the report's prediction, what the runtime kept from its first run (median)
+beside what the predictions count for it (onnxruntime's bytes per node by op type, passes/runtime_kept.py) and the
+nodes,
 whether the rewrite measures no heavier than the keep-all one (the model as it runs without onnx-remat's
 recomputation, when 100% is among `--budgets`), and how many nodes onnxruntime ran ahead of the file's order (read
 from its profiler; the schedule's order is the file's).
@@ -67,6 +68,7 @@ class Measured:
     run_peak: int | None = None
     measured_peaks: tuple[int, ...] = ()
     kept: tuple[int, ...] = ()
+    predicted_kept: int | None = None
     nodes: int | None = None
     recomputed_nodes: int | None = None
     ahead_of_order: int | None = None
@@ -107,6 +109,7 @@ def measure(name: str, batch: int, exporter: str, mode: str, budget: str, path: 
     measured = [measure_device_peaks(plan, feeds) for _ in range(max(repeats, 1))]
     row.measured_peaks = tuple(peaks.peak_bytes[0] for peaks in measured)
     row.kept = tuple(peaks.kept_bytes[0] for peaks in measured)
+    row.predicted_kept = plan.kept_bytes[0]
     row.nodes = len(model.graph.node)
     row.recomputed_nodes = result.report.recomputed_nodes
     row.ahead_of_order = ahead_of_file_order(model, executed_node_names(out, feeds))
@@ -143,8 +146,8 @@ def _within(ratio: float | None) -> str:
 
 COLUMNS = ("model", "batch", "exporter", "mode", "budget", "budget MiB", "report peak MiB", "run peak MiB",
            "run/report", "predictions agree", "measured MiB", "measured range MiB", "measured/report",
-           "kept KiB", "nodes", "recomputed nodes", "nodes run ahead of file order", "within budget", "within 10%",
-           "no heavier than keep-all", "failure")
+           "kept KiB", "predicted kept KiB", "nodes", "recomputed nodes", "nodes run ahead of file order",
+           "within budget", "within 10%", "no heavier than keep-all", "failure")
 
 
 def _row(row: Measured, keep_all: Measured | None) -> list[str]:
@@ -155,6 +158,7 @@ def _row(row: Measured, keep_all: Measured | None) -> list[str]:
             _mib(row.report_peak), _mib(row.run_peak), _ratio(row.run_ratio), _within(row.run_ratio),
             _mib(measured), _range(row.measured_peaks),
             _ratio(row.ratio), "-" if not row.kept else f"{statistics.median(row.kept) / 1024:.0f}",
+            "-" if row.predicted_kept is None else f"{row.predicted_kept / 1024:.0f}",
             "-" if row.nodes is None else str(row.nodes),
             "-" if row.recomputed_nodes is None else str(row.recomputed_nodes),
             "-" if row.ahead_of_order is None else str(row.ahead_of_order),

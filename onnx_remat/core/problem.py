@@ -7,6 +7,7 @@ of the ONNX nodes it stands for that are consumed outside it, taken together).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -23,6 +24,10 @@ class Problem:
     - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to
       device e costs `fixed + per_byte * b` seconds (`copy_seconds`); the fixed part is what every hand-off
       pays whatever its size (a runtime call on e, moving the tensor across). Default no fixed part.
+    - `kept_bytes[d][i]`: bytes device d's runtime keeps for each computation of operator i there, from the
+      computation's first run on (onnxruntime's state per node: passes/runtime_kept.py). Every run after the first
+      holds them at every step, so device d holds the sum over the schedule's computations on d for the whole run,
+      beside its resident bytes. Default none.
     - `computed_once`: operators that may be computed only once, on one device (random ones: a second run draws
       other values than the first, so readers of the two would disagree); their output is held, or copied,
       from that computation to its last use.
@@ -40,11 +45,14 @@ class Problem:
     copy_seconds_per_byte: tuple[tuple[float, ...], ...] = field(default=((0.0,),))
     copy_fixed_seconds: tuple[tuple[float, ...], ...] = field(default=())
     computed_once: tuple[int, ...] = ()
+    kept_bytes: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
         if not self.workspace_bytes:
             object.__setattr__(self, "workspace_bytes", (0,) * n)
+        if not self.kept_bytes:
+            object.__setattr__(self, "kept_bytes", tuple((0,) * n for _ in self.devices))
         if not self.copy_fixed_seconds:
             object.__setattr__(self, "copy_fixed_seconds", tuple((0.0,) * len(self.devices) for _ in self.devices))
         for name, value in (("output_bytes", self.output_bytes), ("workspace_bytes", self.workspace_bytes)):
@@ -53,6 +61,8 @@ class Problem:
         d = len(self.devices)
         if len(self.cost) != d or any(len(row) != n for row in self.cost):
             raise ValueError("cost must be devices x operators")
+        if len(self.kept_bytes) != d or any(len(row) != n for row in self.kept_bytes):
+            raise ValueError("kept_bytes must be devices x operators")
         if len(self.budgets) != d or len(self.resident_bytes) != d:
             raise ValueError("budgets and resident_bytes need one entry per device")
         for name, matrix in (("copy_seconds_per_byte", self.copy_seconds_per_byte),
@@ -94,7 +104,14 @@ class Problem:
         fixed = self.copy_fixed_seconds[source][target]
         return fixed + self.output_bytes[op] * self.copy_seconds_per_byte[source][target]
 
+    def kept_of(self, device: int, computations: Iterable[int]) -> int:
+        """Bytes `device`'s runtime keeps for these computations (operators, one entry per computation) on it."""
+        kept = self.kept_bytes[device]
+        return sum(kept[op] for op in computations)
+
     def keep_all_bytes(self, device: int = 0) -> int:
         """The paper's 100%: resident memory plus every operator output held at once, plus the largest
-        operator workspace, so that keeping everything always fits in 100%."""
-        return self.resident_bytes[device] + sum(self.output_bytes) + max(self.workspace_bytes, default=0)
+        operator workspace, so that keeping everything always fits in 100%; and what the runtime keeps for every
+        operator computed once there."""
+        return (self.resident_bytes[device] + self.kept_of(device, range(self.num_ops)) + sum(self.output_bytes)
+                + max(self.workspace_bytes, default=0))

@@ -152,6 +152,7 @@ def on_device(problem: Problem, device: int) -> Problem:
         cost=(problem.cost[device],),
         resident_bytes=(problem.resident_bytes[device],),
         budgets=(problem.budgets[device],),
+        kept_bytes=(problem.kept_bytes[device],),
         copy_seconds_per_byte=((0.0,),),
         copy_fixed_seconds=((0.0,),),
     )

@@ -4,8 +4,9 @@ as a sparse model for any backend. With one device it is Checkmate's model.
 Variables per device d (stage t, operator i <= t): R[d,t,i] compute; S[d,t,i] held on d from stage t-1
 into t (i < t; S[d,T,i] for graph outputs: held after the last stage T-1); C[d,e,t,i] copy i from d to e
 in stage t; FREE[d,t,i,k] release i on d right after position k of stage t (k reads i, or k == i);
-U[d,t,k] the memory of d after position k, resident bytes included. Stage t runs positions 0..t: at
-position k, operator k is computed where R says, then copied where C says, then outputs are freed.
+U[d,t,k] the memory of d after position k, resident bytes included; KEPT[d] what d's runtime keeps for all the
+computations R puts on it (Problem.kept_bytes), which every U[d,t,0] holds (only where d keeps any). Stage t runs
+positions 0..t: at position k, operator k is computed where R says, then copied where C says, then outputs are freed.
 Stage t computes operator t for the first time on at least one device. An operator computed once
 (Problem.computed_once) is computed in its own stage only, on one device.
 
@@ -87,6 +88,7 @@ class CheckmateModel:
     u: np.ndarray
     frees: tuple[FreeVar, ...]
     free_cols: np.ndarray
+    kept: np.ndarray
     peak: PeakRange | None
     peak_col: int | None
     objective_unit: float
@@ -127,9 +129,12 @@ class CheckmateModel:
         arrived = m.computed + m.copied.any(axis=0)
         sizes = np.array(p.output_bytes, dtype=float)
         for d in range(p.num_devices):
+            kept = float(np.asarray(p.kept_bytes[d], dtype=float) @ m.computed[d].sum(axis=0))
+            if self.kept[d] >= 0:
+                x[self.kept[d]] = kept / unit
             need = 0.0
             for t in range(p.num_ops):
-                memory = (p.resident_bytes[d] + sizes[:t] @ m.held[d, t, :t]) / unit
+                memory = (p.resident_bytes[d] + kept + sizes[:t] @ m.held[d, t, :t]) / unit
                 for k in range(t + 1):
                     memory += arrived[d, t, k] * p.output_bytes[k] / unit - freed.get((d, t, k - 1), 0.0)
                     x[self.u[d, t, k]] = memory
@@ -238,17 +243,18 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
         for i in (*problem.predecessors[k], k)
     )
     free_cols = b.columns(len(frees), 0.0, 1.0, integer=False)
+    kept = _kept_columns(problem, b, r, memory_unit)
     if peak is None:
         _objective(problem, b, r, c, cost_unit)
     _stage_rows(problem, b, r, s, c)
     _once_rows(problem, b, r)
     _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, r, s, frees, free_cols)
-    _memory_rows(problem, b, (r, s, c, u), frees, free_cols, memory_unit)
+    _memory_rows(problem, b, (r, s, c, u, kept), frees, free_cols, memory_unit)
     peak_col = _limit_rows(problem, b, r, u, memory_unit, peak)
     unit = memory_unit if peak else cost_unit
     milp = b.build(memory_unit)
-    return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, peak, peak_col, unit, memory_unit)
+    return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, kept, peak, peak_col, unit, memory_unit)
 
 
 def _triangle(n: int, diagonal: int, b: MilpBuilder, integer: bool, upper: float = 1.0) -> np.ndarray:
@@ -356,6 +362,19 @@ def _free_rows(
                 b.row([col, int(r[f.d, f.t, j])], [1.0, 1.0], -math.inf, 1.0)
 
 
+def _kept_columns(problem: Problem, b: MilpBuilder, r: np.ndarray, memory_unit: float) -> np.ndarray:
+    """KEPT[d] = the kept bytes of every computation on d (in memory units), for each device that keeps any; -1
+    for the others."""
+    kept = np.full(problem.num_devices, -1, dtype=np.int64)
+    for d, per_op in enumerate(problem.kept_bytes):
+        if any(per_op):
+            kept[d] = b.columns(1, 0.0, math.inf, integer=False)[0]
+            cells = [(int(col), per_op[i] / memory_unit) for (_, i), col in np.ndenumerate(r[d])
+                     if col >= 0 and per_op[i]]
+            b.row([int(kept[d]), *(col for col, _ in cells)], [1.0, *(-value for _, value in cells)], 0.0, 0.0)
+    return kept
+
+
 def _memory_rows(
     problem: Problem,
     b: MilpBuilder,
@@ -364,11 +383,11 @@ def _memory_rows(
     free_cols: np.ndarray,
     memory_unit: float,
 ) -> None:
-    """U[d,t,0] = resident + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals of k.
+    """U[d,t,0] = resident + KEPT + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals of k.
 
     An arrival of k on d is its computation there or a copy of it to d.
     """
-    r, s, c, u = rscu
+    r, s, c, u, kept = rscu
     sizes = [size / memory_unit for size in problem.output_bytes]
     freed: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
     for f, col in zip(frees, free_cols, strict=True):
@@ -379,8 +398,9 @@ def _memory_rows(
         resident = problem.resident_bytes[d] / memory_unit
         for t in range(problem.num_ops):
             arrivals = _arrivals(r, c, d, t, 0)
-            cols = [int(u[d, t, 0]), *(int(s[d, t, i]) for i in range(t)), *arrivals]
-            vals = [1.0, *(-sizes[i] for i in range(t)), *[-sizes[0]] * len(arrivals)]
+            held = [int(kept[d])] if kept[d] >= 0 else []
+            cols = [int(u[d, t, 0]), *held, *(int(s[d, t, i]) for i in range(t)), *arrivals]
+            vals = [1.0, *[-1.0] * len(held), *(-sizes[i] for i in range(t)), *[-sizes[0]] * len(arrivals)]
             b.row(cols, vals, resident, resident)
             for k in range(1, t + 1):
                 fcols, fvals = freed.get((d, t, k - 1), ([], []))
@@ -442,7 +462,7 @@ def write_mps(problem: Problem, path: str | Path) -> None:
 
 
 def column_names(model: CheckmateModel) -> list[str]:
-    """R_d_t_i, S_d_t_i, C_d_e_t_i, U_d_t_k, FREE_d_t_i_k and PEAK, by column."""
+    """R_d_t_i, S_d_t_i, C_d_e_t_i, U_d_t_k, FREE_d_t_i_k, KEPT_d and PEAK, by column."""
     names = [""] * len(model.milp.cost)
     for prefix, index in (("R", model.r), ("S", model.s), ("C", model.c), ("U", model.u)):
         for position, col in np.ndenumerate(index):
@@ -450,6 +470,9 @@ def column_names(model: CheckmateModel) -> list[str]:
                 names[col] = "_".join((prefix, *map(str, position)))
     for f, col in zip(model.frees, model.free_cols, strict=True):
         names[col] = f"FREE_{f.d}_{f.t}_{f.i}_{f.k}"
+    for d, col in enumerate(model.kept):
+        if col >= 0:
+            names[col] = f"KEPT_{d}"
     if model.peak_col is not None:
         names[model.peak_col] = "PEAK"
     return names

@@ -6,8 +6,9 @@ whenever either improves, and writes the status name, the values and the bound t
 - a single-device problem's arrays (interval.py), for Moccasin's formulation (ICML'23) on retention intervals:
   operator v has up to copies[v] computations, each an optional interval from the step that computes it to the
   last step that reads it; one computation per step, every reader's step inside an interval of each input, the
-  intervals' sizes within the free memory at every step (a cumulative), first computations in operator order (the
-  frontier-advancing form); the values are the operators computed, in execution order.
+  intervals' sizes within the free memory at every step (a cumulative; the capacity less what the runtime keeps
+  for first computations, and a recomputation's kept bytes an interval over the whole horizon), first computations
+  in operator order (the frontier-advancing form); the values are the operators computed, in execution order.
 Started with no arguments (child.started_early), it imports and then reads them as one JSON line on stdin.
 Closing its stdin (child.py) stops the search with the best solution found
 so far; SIGINT is ignored, and CP-SAT's own SIGINT handler is off (catch_sigint_signal). It
@@ -287,16 +288,22 @@ def _recomputations_read(model: Model, ops: list[list[Computation]], edges: list
 
 
 def _memory(model: Model, ops: list[list[Computation]], data: dict[str, np.ndarray]) -> None:
-    """The outputs held, and the running operator's workspace, within the capacity at every step."""
+    """The outputs held, the running operator's workspace and what the runtime keeps for recomputations (held at
+    every step) within the capacity at every step."""
+    horizon = len(ops) * (len(ops) + 1) // 2
+    first, whole, last = model.ranged([0, 0]), model.ranged([horizon, horizon]), model.ranged([horizon, horizon])
     held, sizes = [], []
     for v, own in enumerate(ops):
-        for c in own:
-            length = model.ranged([1, len(ops) * (len(ops) + 1) // 2])
+        for i, c in enumerate(own):
+            length = model.ranged([1, horizon])
             held.append(model.interval(c.start, length, c.end, c.present))
             sizes.append(int(data["sizes"][v]))
             if data["workspace"][v] > 0:
                 held.append(model.interval(c.start, None, None, c.present))
                 sizes.append(int(data["workspace"][v]))
+            if i > 0 and data["kept"][v] > 0:
+                held.append(model.interval(first, whole, last, c.present))
+                sizes.append(int(data["kept"][v]))
     model.cumulative(held, sizes, int(data["capacity"]))
 
 

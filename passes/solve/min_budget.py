@@ -65,7 +65,8 @@ def quick_lower_bound(problem: Problem, device: int = 0) -> int:
         return min(held, default=0)
 
     steps = max((max(step_bytes(problem, v), last_input(v)) for v in range(problem.num_ops)), default=0)
-    return resident + max(steps, sum(sizes[op] for op in set(problem.graph_outputs)))
+    kept = problem.kept_of(device, range(problem.num_ops))  # every operator runs at least once
+    return resident + kept + max(steps, sum(sizes[op] for op in set(problem.graph_outputs)))
 
 
 def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) -> MinBudget:

@@ -17,19 +17,18 @@ import onnx_ir as ir
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
-from onnx_remat.passes.manager import name_of, named
+from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
+from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
-from onnx_remat.passes.sizes import TensorInfo
+from onnx_remat.passes.sizes import MMAP_THRESHOLD, TensorInfo
 
 CUT_SHARE = 0.1
 """A group is split where that lowers its memory by this share of the graph's largest tensor or more (see
-`_split_after_last_reads`), and a constant group whose outputs take that much is an operator rather than resident
-(`_lives_as_operator`): every peak holds that tensor, so a smaller change moves no peak by more than this share, and
-would only add operators for the solver."""
+`group_split`): every peak holds that tensor, so a smaller cut moves no peak by more than this share, and would only
+add operators for the solver."""
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
-NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,15 @@ def build_problem(
     # rescaled for one gradient).
     joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
     least = max(1.0, CUT_SHARE * max((info.allocated_bytes for info in infos.values()), default=0))
-    up_front = {names for names, _ in joined
-                if all(n in constant for n in names) and not _lives_as_operator(names, nodes, infos, least)}
+    up_front = [names for names, _ in joined
+                if all(n in constant for n in names) and not _lives_as_operator(names, nodes, constant, infos)]
     prelude = [name for names in up_front for name in names]
     # Constants that joined the operator reading them: the operator keeps the name of its own nodes.
     moved = {name for names in groups if all(n in constant for n in names) for name in names} - set(prelude)
     graph_outputs = {named(value) for value in graph.outputs}
     kept = _attach_views([(tuple(names), role) for names, role in joined if names not in up_front], nodes,
                          graph_outputs)
-    kept = _split_after_last_reads(kept, nodes, infos, workspace, graph_outputs, least)
+    kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)
@@ -162,81 +161,19 @@ def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.N
     return [(tuple(names), role) for names, role in merged]
 
 
-def _split_after_last_reads(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.Node],
-                            infos: dict[str, TensorInfo], workspace: NodeWorkspace,
-                            graph_outputs: set[str], least: float) -> list[tuple[tuple[str, ...], str]]:
-    """Each group split after a node that reads last, within the group, tensors other groups produced, where the
-    parts' charges (`_charge`) stay below the whole's by `least` bytes or more: onnxruntime frees
-    such a tensor after the node when nothing later reads it, while the problem holds an operator's inputs until the
-    operator ends (SqueezeNet's first Relu gradient, Sign then Mul, held 7.5 MiB more than the run). Smaller cuts
-    would only add operators for the solver (a cut at every such node took DenseNet-121's training step from 1526
-    operators to 2498)."""
-    group_of = {nodes[name]: g for g, (names, _) in enumerate(kept) for name in names}
-
-    def charge(part: list[ir.Node]) -> int:
-        return _charge(part, group_of, infos, workspace, graph_outputs)
-
-    split: list[tuple[tuple[str, ...], str]] = []
-    for names, role in kept:
-        group = [nodes[name] for name in names]
-        cuts = [0]
-        for k in _cuts(group, group_of, graph_outputs):
-            rest = group[cuts[-1]:]
-            if max(charge(group[cuts[-1]:k]), charge(group[k:])) <= charge(rest) - least:
-                cuts.append(k)
-        split.extend((names[start:end], role) for start, end in zip(cuts, [*cuts[1:], len(names)], strict=True))
-    return split
-
-
-def _charge(part: list[ir.Node], group_of: dict[ir.Node, int], infos: dict[str, TensorInfo],
-            workspace: NodeWorkspace, graph_outputs: set[str]) -> int:
-    """The most the problem holds for `part` as one operator while it runs, beyond other operators' outputs it does
-    not read: the tensors it reads from other operators, and its own peak (`_node_profile`)."""
-    inside = set(part)
-    read = {named(value) for node in part for value in value_reads(node)
-            if value.producer() not in inside and _group(group_of, value) is not None}
-    own = max(_node_profile(part, _exported_names(part), infos, workspace, graph_outputs))
-    return sum(infos[name].allocated_bytes for name in read if name in infos) + own
-
-
-def _cuts(group: list[ir.Node], group_of: dict[ir.Node, int], graph_outputs: set[str]) -> list[int]:
-    """The positions in `group` after a node that last reads, within it, a tensor of another operator, where no
-    tensor written after shares a buffer written before (a view, an in-place activation)."""
-    owner = shared_buffers(group, graph_outputs)
-    inside = set(group)
-    last_read: dict[str, int] = {}
-    for k, node in enumerate(group):
-        for value in value_reads(node):
-            last_read[owner.get(named(value), named(value))] = k
-    outside = {owner.get(named(value), named(value)) for node in group for value in value_reads(node)
-               if value.producer() not in inside and _group(group_of, value) is not None}
-    written = [{name_of(value) for value in node.outputs} - {""} for node in group]
-    cuts = []
-    for k in sorted({last_read[name] + 1 for name in outside}):
-        before = set().union(*written[:k])
-        if k < len(group) and not any(owner.get(out) in before for later in written[k:] for out in later):
-            cuts.append(k)
-    return cuts
-
-
-def _exported_names(group: list[ir.Node]) -> set[str]:
-    """The tensors of `group` read by a node outside it, or graph outputs."""
-    inside = set(group)
-    return {value.name for node in group for value in node.outputs if value.name and (
-        value.is_graph_output() or any(use.node not in inside for use in value.uses()))}
-
-
-def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], infos: dict[str, TensorInfo],
-                       least: float) -> bool:
+def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], constant: set[str],
+                       infos: dict[str, TensorInfo]) -> bool:
     """Whether a group of constant nodes read by several operators is an operator of its own rather than up front:
-    where its outputs take `least` bytes or more (the MSE loss's seed, an Expand to the output's shape read by both
-    gradients of the square: 0.79 MiB resident for the whole run in GPT's training step, freed by onnxruntime after
-    its last reader). Graph outputs and running statistics (updated in place) stay up front."""
+    where an output is allocated on its own (MMAP_THRESHOLD), which onnxruntime frees after its last reader (the MSE
+    loss's seed, an Expand to the output's shape read by both gradients of the square, was resident for the whole run:
+    0.79 MiB of GPT's training step). Graph outputs, running statistics (updated in place) and what constant nodes
+    read (they may run up front) stay up front."""
     values = [value for name in names for value in nodes[name].outputs if value.name]
-    if any(value.is_graph_output() or any(use.node.op_type == "BatchNormalization" for use in value.uses())
-           for value in values):
+    outside = constant - set(names)
+    if any(value.is_graph_output() or any(use.node.op_type == "BatchNormalization" or named(use.node) in outside
+                                          for use in value.uses()) for value in values):
         return False
-    return sum(infos[value.name].allocated_bytes for value in values if value.name in infos) >= least
+    return any(infos[value.name].allocated_bytes >= MMAP_THRESHOLD for value in values if value.name in infos)
 
 
 def _join_constant_groups(groups: list[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],
@@ -290,38 +227,8 @@ def _group_workspace(
     graph_outputs: set[str],
 ) -> int:
     """Transient memory of a group beyond its output, which the problem holds for the whole step: the peak of its
-    `_node_profile`, less the whole output."""
-    return max(0, max(_node_profile(nodes, exported, infos, workspace, graph_outputs)) - exported_bytes)
-
-
-def _node_profile(nodes: list[ir.Node], exported: set[str], infos: dict[str, TensorInfo], workspace: NodeWorkspace,
-                  graph_outputs: set[str]) -> list[int]:
-    """Per node of a group, the bytes its own tensors take while the node runs: internal tensors while live plus the
-    outputs written so far plus the node's scratch. A tensor in another's buffer (a reshape) takes none and keeps
-    that buffer alive."""
-    owner = shared_buffers(nodes, graph_outputs)
-    last_use: dict[str, int] = {}
-    for k, node in enumerate(nodes):
-        for value in value_reads(node):
-            last_use[owner.get(named(value), named(value))] = k
-    output_buffers = {owner.get(name, name) for name in exported}
-    live: dict[str, int] = {}
-    written = 0
-    profile = []
-    for k, node in enumerate(nodes):
-        for value in node.outputs:
-            out = value.name
-            if not out or out in owner:
-                continue
-            size = infos[out].allocated_bytes if out in infos else 0
-            if out in output_buffers:
-                written += size
-            else:
-                live[out] = size
-        profile.append(sum(live.values()) + written + workspace(node, infos))
-        for name in [n for n in live if last_use.get(n, -1) <= k]:
-            del live[name]
-    return profile
+    `node_profile`, less the whole output."""
+    return max(0, max(node_profile(nodes, exported, infos, workspace, graph_outputs)) - exported_bytes)
 
 
 def constant_values(graph: ir.Graph) -> set[ir.Value]:

@@ -23,7 +23,7 @@ from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, TensorInfo
 
-CUT_SHARE = 0.1
+CUT_SHARE = 0.25
 """A group is split where that lowers its memory by this share of the graph's largest tensor or more (see
 `group_split`): every peak holds that tensor, so a smaller cut moves no peak by more than this share, and would only
 add operators for the solver."""

@@ -71,7 +71,8 @@ def build_problem(
     graph_outputs = {named(value) for value in graph.outputs}
     kept = _attach_views([(tuple(names), role) for names, role in joined if names not in up_front], nodes,
                          graph_outputs)
-    kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
+    if len(device_costs) == 1:  # several devices run segments, which hold their inputs until they return
+        kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)

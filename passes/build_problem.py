@@ -20,14 +20,19 @@ import onnx_ir as ir
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
+from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.runtime_kept import sharing_nodes
-from onnx_remat.passes.sizes import TensorInfo
+from onnx_remat.passes.sizes import MMAP_THRESHOLD, TensorInfo
+
+CUT_SHARE = 0.25
+"""A group is split where that lowers its memory by this share of the graph's largest tensor or more (see
+`group_split`): every peak holds that tensor, so a smaller cut moves no peak by more than this share, and would only
+add operators for the solver."""
 
 NodeCost = Callable[[ir.Node, dict[str, TensorInfo]], float]
-NodeWorkspace = Callable[[ir.Node, dict[str, TensorInfo]], int]
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,17 @@ def build_problem(
     # one such group alone, where it is recomputed with the group and its output stays transient (e.g. a weight
     # rescaled for one gradient).
     joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
-    prelude = [name for names, _ in joined if all(n in constant for n in names) for name in names]
+    least = max(1.0, CUT_SHARE * max((info.allocated_bytes for info in infos.values()), default=0))
+    up_front = [names for names, _ in joined
+                if all(n in constant for n in names) and not _lives_as_operator(names, nodes, constant, infos)]
+    prelude = [name for names in up_front for name in names]
     # Constants that joined the operator reading them: the operator keeps the name of its own nodes.
     moved = {name for names in groups if all(n in constant for n in names) for name in names} - set(prelude)
     graph_outputs = {named(value) for value in graph.outputs}
-    kept = _attach_views([(tuple(names), role) for names, role in joined if not all(n in constant for n in names)],
-                         nodes, graph_outputs)
+    kept = _attach_views([(tuple(names), role) for names, role in joined if names not in up_front], nodes,
+                         graph_outputs)
+    if len(device_costs) == 1:  # several devices run segments, which hold their inputs until they return
+        kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)
@@ -162,6 +172,21 @@ def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.N
     return [(tuple(names), role) for names, role in merged]
 
 
+def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], constant: set[str],
+                       infos: dict[str, TensorInfo]) -> bool:
+    """Whether a group of constant nodes read by several operators is an operator of its own rather than up front:
+    where an output is allocated on its own (MMAP_THRESHOLD), which onnxruntime frees after its last reader (the MSE
+    loss's seed, an Expand to the output's shape read by both gradients of the square, was resident for the whole run:
+    0.79 MiB of GPT's training step). Graph outputs, running statistics (updated in place) and what constant nodes
+    read (they may run up front) stay up front."""
+    values = [value for name in names for value in nodes[name].outputs if value.name]
+    outside = constant - set(names)
+    if any(value.is_graph_output() or any(use.node.op_type == "BatchNormalization" or named(use.node) in outside
+                                          for use in value.uses()) for value in values):
+        return False
+    return any(infos[value.name].allocated_bytes >= MMAP_THRESHOLD for value in values if value.name in infos)
+
+
 def _join_constant_groups(groups: list[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],
                           constant: set[str]) -> list[tuple[tuple[str, ...], str]]:
     """Each group of constant nodes whose outputs one other group alone reads (a loss gradient's seed expanded to the
@@ -212,31 +237,9 @@ def _group_workspace(
     workspace: NodeWorkspace,
     graph_outputs: set[str],
 ) -> int:
-    """Transient memory of a group beyond its output, which the problem holds for the whole step: the peak,
-    over its nodes, of internal tensors while live plus the outputs written so far plus the node's scratch,
-    less the whole output. A tensor in another's buffer (a reshape) takes none and keeps that buffer alive."""
-    owner = shared_buffers(nodes, graph_outputs)
-    last_use: dict[str, int] = {}
-    for k, node in enumerate(nodes):
-        for value in value_reads(node):
-            last_use[owner.get(named(value), named(value))] = k
-    output_buffers = {owner.get(name, name) for name in exported}
-    live: dict[str, int] = {}
-    written = peak = 0
-    for k, node in enumerate(nodes):
-        for value in node.outputs:
-            out = value.name
-            if not out or out in owner:
-                continue
-            size = infos[out].allocated_bytes if out in infos else 0
-            if out in output_buffers:
-                written += size
-            else:
-                live[out] = size
-        peak = max(peak, sum(live.values()) + written + workspace(node, infos))
-        for name in [n for n in live if last_use.get(n, -1) <= k]:
-            del live[name]
-    return max(0, peak - exported_bytes)
+    """Transient memory of a group beyond its output, which the problem holds for the whole step: the peak of its
+    `node_profile`, less the whole output."""
+    return max(0, max(node_profile(nodes, exported, infos, workspace, graph_outputs)) - exported_bytes)
 
 
 def constant_values(graph: ir.Graph) -> set[ir.Value]:

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper
 
 from onnx_remat import models
 from onnx_remat.core.devices import get_devices
@@ -414,3 +415,21 @@ def test_the_time_limit_holds_for_the_whole_solve():
     result = solve(problem, "highs", time_limit=4)
     assert result.status in ("time_limit", "heuristic") and 0 < result.gap < 1
     check_schedule(problem, result.schedule)
+
+
+def test_highs_fits_the_minimum_budget_to_the_byte():
+    """A Relu between two scalings of 2 MiB tensors, trained: at its minimum budget (proven) HiGHS's schedule fits
+    (with HiGHS's default integrality tolerance a computation taken at 1 - 1e-6 hid 2 bytes of a 2 MiB output, and
+    its schedule peaked 4 bytes over; `solve` checks every schedule through the simulator)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 1024])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 1024])
+    scales = [helper.make_tensor(name, TensorProto.FLOAT, [1024], [0.5] * 1024) for name in ("w0", "w1")]
+    nodes = [helper.make_node("Mul", ["x", "w0"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Mul", ["b", "w1"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], scales),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    problem = costed_problem(prepare(model, "train"), get_devices(None)).problem
+    minimum = minimum_budget(problem)
+    assert minimum.lower == minimum.feasible
+    at_minimum = with_budget(problem, minimum.feasible)
+    check_schedule(at_minimum, solve(at_minimum, "highs").schedule)

@@ -26,6 +26,11 @@ from onnx_remat.passes.solve.child import GRACE, run_worker
 
 WORKER = Path(highs_worker.__file__)
 
+INTEGRALITY_TOLERANCE = 1e-9
+"""How far HiGHS may leave an integer column from a whole number (its default is 1e-6). A computation taken at
+1 - 1e-6 counts a 2 MiB output as 2 bytes short in the memory rows, so at a budget that fits to the byte (the
+minimum) HiGHS returned schedules 4 bytes over it; at 1e-9 a 500 MB tensor is half a byte short at most."""
+
 IN_PROCESS_NONZEROS = 30_000
 """Matrix entries up to which HiGHS runs in this process (see the module docstring). The peers' 41-operator training
 chains (25.7k entries) reach their first interrupt callback in 0.05-0.1 s in-process, where a child takes 0.3-0.6 s
@@ -50,7 +55,8 @@ def solve_highs(
     has to answer after a stop before it is killed (its best solution and last bound are kept either way); `nice`:
     how much its child yields the processor to other processes (os.nice; in-process it cannot)."""
     deadline = None if time_limit is None else time.time() + time_limit
-    options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1]}
+    options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1],
+               "mip_feasibility_tolerance": INTEGRALITY_TOLERANCE}
     stop = stop or threading.Event()
     if in_process is None:
         in_process = milp.matrix.nnz <= IN_PROCESS_NONZEROS

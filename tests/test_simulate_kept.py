@@ -119,10 +119,11 @@ def test_solvers_are_optimal_within_the_budget_with_kept_bytes(solver: str, prob
     result = solve(problem, solver)
     check_schedule(problem, result.schedule)
     expected = brute_force_kept(problem, "cost", problem.budgets[0])
+    assert expected is not None and result.objective <= result.model_objective + 1e-9
     if solver == "auto":  # the interval model orders a stage's computations freely: it may beat the staged optimum
-        assert expected is not None and result.objective <= expected + 1e-9
-    else:
-        assert result.objective == pytest.approx(expected)
+        assert result.objective <= expected + 1e-9
+    else:  # the staged model's optimum; the schedule drops a computation whose output is freed before any read
+        assert result.model_objective == pytest.approx(expected)
 
 
 def test_build_problem_counts_nodes_writing_into_their_input_buffer_and_the_prelude_on_the_first_device():

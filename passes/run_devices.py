@@ -141,7 +141,7 @@ def execute(
     """Compile every segment on its device, run the plan to warm up (once, and for WARMUP_SECONDS at least), then
     `repeats` times timed. Its peaks are predicted; `measure_devices.with_measured_peaks` adds measured ones."""
     runtimes, calls = compile_plan(plan)
-    outputs = _warm_up(plan, runtimes, calls, feeds)
+    outputs = warm_up(plan, runtimes, calls, feeds)
     timings = [run_plan(plan, runtimes, calls, feeds)[1] for _ in range(max(repeats, 1))]
     del calls, runtimes
     names = [device.name for device in plan.devices]
@@ -164,7 +164,7 @@ def race(plans: Sequence[Plan], feeds: dict[str, np.ndarray], rounds: int) -> li
     that load from other processes hits them alike."""
     compiled = [compile_plan(plan) for plan in plans]
     for plan, (runtimes, calls) in zip(plans, compiled, strict=True):
-        _warm_up(plan, runtimes, calls, feeds)
+        warm_up(plan, runtimes, calls, feeds)
     times: list[list[float]] = [[] for _ in plans]
     for _ in range(max(rounds, 1)):
         for samples, plan, (runtimes, calls) in zip(times, plans, compiled, strict=True):
@@ -172,7 +172,7 @@ def race(plans: Sequence[Plan], feeds: dict[str, np.ndarray], rounds: int) -> li
     return [statistics.median(samples) for samples in times]
 
 
-def _warm_up(
+def warm_up(
     plan: Plan, runtimes: list[Runtime], calls: list[Call | None], feeds: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Run the plan once, and again until WARMUP_SECONDS have passed; the first run's outputs."""

@@ -37,7 +37,7 @@ from onnx_remat.core.devices import Device, get_devices
 from onnx_remat.execution import input_values
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.cost_profiled import interquartile_mean
-from onnx_remat.passes.run_devices import _warm_up, build_plan, compile_plan, run_plan
+from onnx_remat.passes.run_devices import build_plan, compile_plan, run_plan, warm_up
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.pipeline import RematOptions, RematResult, costed_problem, prepare
 
@@ -166,7 +166,7 @@ def run_seconds(model: onnx.ModelProto, devices: tuple[Device, ...], repeats: in
     plan = build_plan(model, devices)
     runtimes, calls = compile_plan(plan)
     feeds = input_values(model, None)
-    _warm_up(plan, runtimes, calls, feeds)
+    warm_up(plan, runtimes, calls, feeds)
     return [run_plan(plan, runtimes, calls, feeds)[1][0] for _ in range(repeats)]
 
 

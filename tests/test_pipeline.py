@@ -108,8 +108,9 @@ def test_headroom_leaves_a_share_of_the_budget_free():
 
 def test_summary_counts_the_recomputed_nodes_a_user_sees():
     """One operator may be a group of nodes (a training step's layers): the summary counts the graph's `__remat`
-    nodes, not the operators' extra computations."""
-    result = onnx_remat.remat(conv_chain(depth=4, size=8), "min", mode="train", time_limit=60)
+    nodes, not the operators' extra computations. 185 KiB is below the peak without recomputation (192.1 KiB) and
+    above the least found (175.1 KiB): any schedule within it recomputes, proven optimal or not."""
+    result = onnx_remat.remat(conv_chain(depth=4, size=16), "185KiB", mode="train", time_limit=10)
     nodes = sum(1 for n in result.model.graph.node if "__remat" in n.name)
     extra = sum(r.extra_computations for r in result.report.recomputations)
     assert result.report.recomputed_nodes == nodes >= extra > 0

@@ -91,7 +91,7 @@ def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = N
     """One measurement in a child process (this module run as a script)."""
     environment = dict(os.environ, **(MALLOC_ENV if env is None else env), OMP_NUM_THREADS=str(threads))
     done = subprocess.run(
-        [sys.executable, "-m", "onnx_remat.passes.measure", str(model_path), str(threads)],
+        [sys.executable, "-P", "-m", "onnx_remat.passes.measure", str(model_path), str(threads)],
         capture_output=True, text=True, env=environment, check=True,
     )
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak"])

@@ -83,7 +83,7 @@ def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = 3
         (folder / "devices.json").write_text(json.dumps([asdict(device) for device in plan.devices]))
         environment = dict(os.environ, **MALLOC_ENV)
         done = subprocess.run(
-            [sys.executable, "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
+            [sys.executable, "-P", "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
             capture_output=True, text=True, env=environment,
         )
         if done.returncode != 0:

@@ -64,3 +64,21 @@ def test_a_constant_read_by_several_operators_is_not_resident_for_the_whole_run(
     assert result.problem.resident_bytes[0] < 5 * MIB  # the input and the label, 2 MiB each, and the weights
     report = result.report.predicted_peak_bytes
     assert report == pytest.approx(build_plan(result.model, get_devices(None)).peak_bytes[0], abs=SMALL)
+
+
+def test_a_max_pools_output_is_freed_after_its_forward_readers():
+    """The gradient of MaxPool takes its argmax indices from a MaxPool of its own: when the forward node produced
+    them, its output was one operator with them, held until the gradient read the indices, where onnxruntime frees
+    it after the Relu (SqueezeNet's first MaxPool: 1.76 MiB; its training step measured 0.90 of the report's peak at
+    its minimum). The forward MaxPool's output here is 0.5 MiB."""
+    shape, pooled = [1, 8, 256, 256], [1, 8, 128, 128]
+    nodes = [helper.make_node("Mul", ["x", "w0"], ["a"], name="scale0"),
+             helper.make_node("MaxPool", ["a"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Relu", ["p"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "w1"], ["y"], name="scale1")]
+    weights = [helper.make_tensor(name, TensorProto.FLOAT, [1], [0.5]) for name in ("w0", "w1")]
+    values = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+              helper.make_tensor_value_info("y", TensorProto.FLOAT, pooled)]
+    graph = helper.make_graph(nodes, "pool", values[:1], values[1:], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    check_agreement(model, "100%")

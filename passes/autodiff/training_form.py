@@ -1,4 +1,4 @@
-"""Ready a forward model for training: validate, name nodes, switch BatchNorm/Dropout/MaxPool to training form."""
+"""Ready a forward model for training: validate, name nodes, switch BatchNorm/Dropout to training form."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def reject_training(model: ir.Model) -> None:
 
 
 def make_trainable(model: ir.Model) -> list[ir.Value]:
-    """Put BatchNorm and Dropout in training mode and give MaxPool its Indices; return running-stat outputs."""
+    """Put BatchNorm and Dropout in training mode; return running-stat outputs."""
     stats: list[ir.Value] = []
     graph = model.graph
     for node in list(graph):
@@ -84,8 +84,6 @@ def make_trainable(model: ir.Model) -> list[ir.Value]:
             stats += _train_batch_norm(node)
         elif node.domain in ("", "ai.onnx") and node.op_type == "Dropout":
             _train_dropout(graph, node)
-        elif node.domain in ("", "ai.onnx") and node.op_type == "MaxPool":
-            _fill_outputs(node, [".indices"])
     return stats
 
 

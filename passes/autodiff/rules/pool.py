@@ -18,11 +18,18 @@ Needs = Sequence[bool]
 
 
 def max_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """Scatter-add dy to the argmax positions (the Indices output the builder makes MaxPool produce)."""
+    """Scatter-add dy to the argmax positions, taken by a MaxPool of its own in the backward pass.
+
+    The forward MaxPool computes no indices: onnxruntime's kernel takes about ten times as long with them, and a
+    node's outputs are one operator of the problem, held until the last reader of any. Apart, the forward output
+    is freed after the forward reads it, the indices are computed where the solver puts them, and the time of
+    each part is its own."""
     if attr_int(node, "storage_order", 0):
         raise ModelError(f"MaxPool {node.name!r}: storage_order=1 is not supported")
     shape = e.info.shape(node.inputs[0])
-    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(node.outputs[1], [-1]),
+    attributes = {name: attribute.value for name, attribute in node.attributes.items()}
+    indices = e.ops("MaxPool", [node.inputs[0]], 2, **attributes)[1]
+    flat = e.op("ScatterElements", e.zeros([math.prod(shape)]), e.reshape(indices, [-1]),
                 e.reshape(dys[0], [-1]), axis=0, reduction="add")
     return {0: e.reshape(flat, shape)}
 

@@ -225,7 +225,8 @@ that does not."""
 def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
     """The least budget in [lower, high] (to 0.5% of high, then `lower` itself) at which `fitting` gives a
     schedule, and it; `high` and None if none fits at `high` either. Assumes that what fits a budget fits any larger
-    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two."""
+    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two; `lower`
+    is tried once at most (a budget that does not fit costs most)."""
     best = fitting(high)
     if best is None:
         return high, None
@@ -236,13 +237,14 @@ def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: i
             low = step
             break
         high, best = step, schedule
+    lower_tried = low == lower
     while high - low > max(1, high // 200):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:
             high, best = middle, schedule
         else:
             low = middle
-    if high > lower and (at_lower := fitting(lower)) is not None:
+    if high > lower and not lower_tried and (at_lower := fitting(lower)) is not None:
         return lower, at_lower
     return high, best
 

@@ -139,6 +139,8 @@ class _Evictor:
     def make_room(self, needed: int, keep: set[int], stage: int) -> bool:
         """Evict from the compute device (dead outputs, then furthest next use first) until `needed` more bytes fit;
         False if they cannot."""
+        if self.memory[self.compute] + needed <= self.budgets[self.compute]:
+            return True  # nothing to evict: spares scoring every held output
         candidates = sorted(self.held[self.compute] - keep, key=lambda op: self.score(op, stage))
         while self.memory[self.compute] + needed > self.budgets[self.compute]:
             if not candidates:

@@ -44,7 +44,7 @@ from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model, 
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
-from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
+from onnx_remat.passes.solve.min_budget import eviction_runs, minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.passes.solve.portfolio import race
 from onnx_remat.passes.solve.proven import StopAtBound, meets
@@ -318,10 +318,12 @@ def _incumbent(
     alone (None where none fits; with one device, the first).
 
     One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
-    none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair."""
+    none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair. The eviction
+    heuristics are bounded by work (min_budget.eviction_runs), not time, so that a loaded machine or a tiny time
+    limit still starts from their schedules."""
     if problem.num_devices == 1:
-        deadline = None if time_limit is None else time.perf_counter() + time_limit
-        single = cheapest_fitting(problem, (offload(problem, 0, deadline=deadline), best_baseline(problem), *hints))
+        evicting = offload(problem, 0, max_runs=eviction_runs(problem))
+        single = cheapest_fitting(problem, (evicting, best_baseline(problem), *hints))
         if single is None:
             single = best_segmented(problem)
         return single, (single,)
@@ -335,7 +337,7 @@ def _incumbent(
             schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
         singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
-    offloaded = [offload(problem, c, s) for c, s in pairs]
+    offloaded = [offload(problem, c, s, eviction_runs(problem)) for c, s in pairs]
     return cheapest_fitting(problem, [*singles, *hints, *offloaded]), tuple(singles)
 
 

@@ -72,9 +72,10 @@ def quick_lower_bound(problem: Problem, device: int = 0) -> int:
 def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) -> MinBudget:
     """The minimum budget on `device`, proven by HiGHS minimizing the peak unless `time_limit` runs out.
 
-    The limit bounds the whole search: the heuristics' candidates come first (the baselines and the eviction
-    heuristic always, Chen's segment lengths while time remains), then the MILP gets what is left, if anything and
-    if it is not too large to build (checkmate_milp.MAX_MILP_CELLS)."""
+    The heuristics' candidates come first, whatever the limit: the baselines and the eviction heuristic's search,
+    bounded by work (eviction_runs), so the result is never above theirs on a loaded machine or at a limit of 0; then
+    Chen's segment lengths while time remains, and the MILP gets what is left, if anything and if it is not too large
+    to build (checkmate_milp.MAX_MILP_CELLS)."""
     deadline = time.perf_counter() + time_limit
     if problem.num_ops == 0:
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
@@ -125,7 +126,7 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
         for d in range(problem.num_devices)
         for schedule in segmentations(on_device(problem, d))
     )
-    evicting = _least_evicting(problem, device, deadline, min((peak for peak, _ in found), default=None))
+    evicting = _least_evicting(problem, device, min((peak for peak, _ in found), default=None))
     for schedule in itertools.chain([] if evicting is None else [evicting], segmented):
         if schedule is not evicting and found and time.perf_counter() >= deadline:
             break
@@ -135,40 +136,33 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
     return found
 
 
-EVICTION_PATIENCE = 2.0
-"""How many times as long as at the search's first budget the eviction heuristic may take at a tighter one (and
-EVICTION_FLOOR seconds at least) before that budget counts as not fitting: where it does not fit it can take
-5-8 times as long to find out (DenseNet-121's training step: 2.3 s where it fits, 11-18 s where not, measured)."""
-EVICTION_FLOOR = 1.0
+EVICTION_RUNS = 10
+"""Operator runs per operator the eviction heuristic may try at one budget of the search before that budget counts
+as not fitting (offload's work limit, so a loaded machine searches the same budgets): where it fits it tries about
+one per operator, where not it can cascade for minutes (DenseNet-121's training step: 1.0 and 2.4-3.6 per operator,
+measured)."""
 
 
-def _least_evicting(
-    problem: Problem, device: int, deadline: float | None = None, high: int | None = None
-) -> Schedule | None:
-    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%, until
-    `deadline`) at which it fits, the other devices at their budgets; None if it fits not even at keep-all. The search
-    starts at `high` (a budget a baseline fits), or at keep-all where the heuristic does not fit there."""
-    first: list[float] = []
+def eviction_runs(problem: Problem) -> int:
+    """The eviction heuristic's work limit on `problem`: EVICTION_RUNS operator runs per operator."""
+    return EVICTION_RUNS * problem.num_ops
+
+
+def _least_evicting(problem: Problem, device: int, high: int | None = None) -> Schedule | None:
+    """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%) at which it
+    fits, the other devices at their budgets; None if it fits not even at keep-all. The search starts at `high` (a
+    budget a baseline fits), or at keep-all where the heuristic does not fit there. Bounded by work, not time: at
+    most eviction_runs per budget tried."""
 
     def fitting(budget: int) -> Schedule | None:
         budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
-        started = time.perf_counter()
-        patience = None if not first else started + max(EVICTION_FLOOR, EVICTION_PATIENCE * first[0])
-        schedule = _evicting(replace(problem, budgets=budgets), _earlier(deadline, patience))
-        first.append(time.perf_counter() - started)
-        return schedule
+        return _evicting(replace(problem, budgets=budgets), eviction_runs(problem))
 
     lower = quick_lower_bound(problem, device)
     for start in dict.fromkeys(b for b in (high, _keep_all_room(problem)) if b is not None):
-        first.clear()
-        if (schedule := _least_budget(fitting, lower, start, deadline)[1]) is not None:
+        if (schedule := _least_budget(fitting, lower, start)[1]) is not None:
             return schedule
     return None
-
-
-def _earlier(a: float | None, b: float | None) -> float | None:
-    """The earlier of two deadlines, either None for none."""
-    return b if a is None else a if b is None else min(a, b)
 
 
 def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
@@ -214,7 +208,7 @@ def _fitting_equal(problem: Problem, budget: int) -> Schedule | None:
     """A heuristic schedule (the offloading heuristic or a baseline) within `budget` on every device, or None."""
     equal = replace(problem, budgets=(budget,) * problem.num_devices)
     baselines = (baseline.schedule for baseline in baselines_of(equal) if baseline.fits(equal.budgets))
-    return _evicting(equal) or next(baselines, None)
+    return _evicting(equal, eviction_runs(problem)) or next(baselines, None)
 
 
 def _keep_all_room(problem: Problem) -> int:
@@ -228,44 +222,39 @@ DESCENT = 0.8
 that does not."""
 
 
-def _least_budget(
-    fitting: Callable[[int], Schedule | None], lower: int, high: int, deadline: float | None = None
-) -> tuple[int, Schedule | None]:
+def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
     """The least budget in [lower, high] (to 0.5% of high, then `lower` itself) at which `fitting` gives a
     schedule, and it; `high` and None if none fits at `high` either. Assumes that what fits a budget fits any larger
-    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two; at
-    `deadline` it stops with the least found so far (a heuristic's time grows as its budget tightens)."""
+    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two; `lower`
+    is tried once at most (a budget that does not fit costs most)."""
     best = fitting(high)
     if best is None:
         return high, None
     low = lower
-    while high > lower and not _past(deadline):
+    while high > lower:
         step = max(lower, int(high * DESCENT))
         if (schedule := fitting(step)) is None:
             low = step
             break
         high, best = step, schedule
-    while high - low > max(1, high // 200) and not _past(deadline):
+    lower_tried = low == lower
+    while high - low > max(1, high // 200):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:
             high, best = middle, schedule
         else:
             low = middle
-    if high > lower and not _past(deadline) and (at_lower := fitting(lower)) is not None:
+    if high > lower and not lower_tried and (at_lower := fitting(lower)) is not None:
         return lower, at_lower
     return high, best
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.perf_counter() >= deadline
-
-
-def _evicting(problem: Problem, deadline: float | None = None) -> Schedule | None:
+def _evicting(problem: Problem, max_runs: int | None = None) -> Schedule | None:
     """A schedule of the eviction heuristic (computing on each device, parking on each other one or nowhere)
-    within every budget, or None (also when `deadline` passes first)."""
+    within every budget, or None (also when each tries more than `max_runs` operator runs)."""
     devices = range(problem.num_devices)
     pairs = ((c, s) for c in devices for s in [*[d for d in devices if d != c], None])
-    return _fitting(problem, (offload(problem, c, s, deadline) for c, s in pairs))
+    return _fitting(problem, (offload(problem, c, s, max_runs) for c, s in pairs))
 
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:

@@ -7,14 +7,18 @@ operator runs, a missing input is copied back if parked, or recomputed (its own 
 same way). Graph outputs are never dropped, nor outputs of operators computed once (Problem.computed_once) while
 a later operator reads them; a recomputation that would need one again (an earlier reader's, after the last reader
 ran) does not fit. With no store device it is a pure recomputation heuristic.
+What the device's runtime keeps per computation (Problem.kept_bytes) is held from the start for every operator's
+first run, and for the recomputations from a reserve taken off the budget: a pass whose recomputations keep more than
+its reserve runs again with that as its reserve (at most KEPT_PASSES passes).
 A warm start for the MILP, and the answer where the MILP is too large to build. At tight budgets on densely
-connected graphs (DenseNet) recomputation can cascade for minutes: a deadline ends it without a schedule.
+connected graphs (DenseNet) recomputation can cascade for minutes: a limit on the operator runs tried (work, not
+wall time, so a loaded machine gets the same answer) ends it without a schedule.
 """
 
 from __future__ import annotations
 
 import sys
-import time
+from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,17 +29,30 @@ FRAMES_PER_RECOMPUTATION = 3
 """Python frames a recomputation cascade nests per operator (run, fetch, and a margin)."""
 
 
-class _OutOfTime(Exception):
-    """The deadline passed before every operator ran."""
+KEPT_PASSES = 4
+"""Passes at most, each with the kept bytes of the previous one's recomputations as its reserve."""
+
+
+class _OutOfWork(Exception):
+    """The operator runs tried reached their limit before every operator ran."""
 
 
 class _Evictor:
     """Mutable state of the heuristic: what each device holds, its memory, the events so far."""
 
-    def __init__(self, problem: Problem, compute: int, store: int | None, deadline: float | None = None):
-        self.problem, self.compute, self.store, self.deadline = problem, compute, store, deadline
+    def __init__(self, problem: Problem, compute: int, store: int | None, max_runs: int | None, reserve: int):
+        self.problem, self.compute, self.store, self.max_runs = problem, compute, store, max_runs
         self.held: list[set[int]] = [set() for _ in problem.devices]
         self.memory = list(problem.resident_bytes)
+        self.memory[compute] += problem.kept_of(compute, range(problem.num_ops))  # every operator runs once
+        self.budgets = list(problem.budgets)
+        self.budgets[compute] -= reserve
+        self.kept_again = 0
+        """Bytes the runtime keeps for the recomputations so far: held from the start, within the reserve."""
+        self.runs = 0
+        self.successors = problem.successors
+        self.outputs = frozenset(problem.graph_outputs)
+        self.end = problem.num_ops
         self.events: list[Event] = []
         self.once = frozenset(problem.computed_once)
         self.computed: set[int] = set()
@@ -44,14 +61,14 @@ class _Evictor:
 
     def next_use(self, op: int, after: int) -> int:
         """The first reader of `op` after stage `after`; n for a graph output nobody reads later; -1: dead."""
-        later = [j for j in self.problem.successors[op] if j > after]
-        return later[0] if later else (self.problem.num_ops if op in self.problem.graph_outputs else -1)
+        readers = self.successors[op]
+        index = bisect_right(readers, after)
+        return readers[index] if index < len(readers) else (self.end if op in self.outputs else -1)
 
     def kept(self, op: int, stage: int) -> bool:
         """Whether `op`'s output may not be dropped after `stage`: a graph output, or an operator computed once that is
         read later (it cannot be recomputed)."""
-        p = self.problem
-        return op in p.graph_outputs or (op in self.once and self.next_use(op, stage) >= 0)
+        return op in self.outputs or (op in self.once and self.next_use(op, stage) >= 0)
 
     def place(self, op: int, device: int, event: Event) -> None:
         self.events.append(event)
@@ -78,7 +95,7 @@ class _Evictor:
             return False
         worth = float("inf") if self.kept(op, stage) else self.density(op)
         self.unpark(self.store, p.output_bytes[op], stage, worth, keep)
-        if self.memory[self.store] + p.output_bytes[op] > p.budgets[self.store]:
+        if self.memory[self.store] + p.output_bytes[op] > self.budgets[self.store]:
             return False
         self.place(op, self.store, Copy(op, stage, self.compute, self.store))
         self.parked[op] = stage
@@ -94,7 +111,7 @@ class _Evictor:
         output parked in this stage (the MILP the schedule warm-starts forbids a copy nobody uses), nor one in
         `keep` (an input being copied back)."""
         p = self.problem
-        room = p.budgets[store] - self.memory[store]
+        room = self.budgets[store] - self.memory[store]
         droppable = [
             op
             for op in self.held[store]
@@ -103,7 +120,7 @@ class _Evictor:
         if room >= needed or room + sum(p.output_bytes[op] for op in droppable) < needed:
             return
         for op in sorted(droppable, key=self.density):
-            if self.memory[store] + needed <= p.budgets[store]:
+            if self.memory[store] + needed <= self.budgets[store]:
                 return
             self.free(op, store, stage)
 
@@ -115,15 +132,17 @@ class _Evictor:
             return -1.0
         restore = p.cost[self.compute][op]
         if self.store is not None:
-            trips = 1 if op in self.held[self.store] or op in p.graph_outputs else 2
+            trips = 1 if op in self.held[self.store] or op in self.outputs else 2
             restore = min(restore, trips * p.copy_seconds(op, self.compute, self.store))
         return restore / (max(1, p.output_bytes[op]) * (use - stage))
 
     def make_room(self, needed: int, keep: set[int], stage: int) -> bool:
         """Evict from the compute device (dead outputs, then furthest next use first) until `needed` more bytes fit;
         False if they cannot."""
+        if self.memory[self.compute] + needed <= self.budgets[self.compute]:
+            return True  # nothing to evict: spares scoring every held output
         candidates = sorted(self.held[self.compute] - keep, key=lambda op: self.score(op, stage))
-        while self.memory[self.compute] + needed > self.problem.budgets[self.compute]:
+        while self.memory[self.compute] + needed > self.budgets[self.compute]:
             if not candidates:
                 return False
             op = candidates.pop(0)
@@ -148,8 +167,9 @@ class _Evictor:
         """Fetch `op`'s inputs and compute it on the compute device in `stage`; False if it cannot fit, or would be
         a second computation of an operator computed once."""
         p = self.problem
-        if self.deadline is not None and time.perf_counter() > self.deadline:
-            raise _OutOfTime
+        self.runs += 1
+        if self.max_runs is not None and self.runs > self.max_runs:
+            raise _OutOfWork
         if op in self.once and op in self.computed:
             return False
         inputs = set(p.predecessors[op])
@@ -159,6 +179,8 @@ class _Evictor:
                 return False
         if not self.make_room(p.output_bytes[op] + p.workspace_bytes[op], pinned, stage):
             return False
+        if op in self.computed:
+            self.kept_again += p.kept_bytes[self.compute][op]
         self.place(op, self.compute, Compute(op, stage, self.compute))
         self.computed.add(op)
         return True
@@ -175,17 +197,22 @@ class _Evictor:
 
 
 def offload(
-    problem: Problem, compute: int, store: int | None = None, deadline: float | None = None
+    problem: Problem, compute: int, store: int | None = None, max_runs: int | None = None
 ) -> Schedule | None:
     """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit or
-    is not found by `deadline` (a `time.perf_counter()` value)."""
-    state = _Evictor(problem, compute, store, deadline)
-    try:
-        with _recursion_room(problem.num_ops):
-            if all(state.step(v) for v in range(problem.num_ops)):
-                return Schedule(tuple(state.events))
-    except _OutOfTime:
-        pass
+    a pass tries more than `max_runs` operator runs (None: no limit)."""
+    reserve = 0
+    for _ in range(KEPT_PASSES):
+        state = _Evictor(problem, compute, store, max_runs, reserve)
+        try:
+            with _recursion_room(problem.num_ops):
+                if not all(state.step(v) for v in range(problem.num_ops)):
+                    return None
+        except _OutOfWork:
+            return None
+        if state.kept_again <= reserve:
+            return Schedule(tuple(state.events))
+        reserve = state.kept_again
     return None
 
 

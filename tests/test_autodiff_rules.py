@@ -95,6 +95,8 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
     for j, value in enumerate(inferred.graph.output):
         shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
         elem = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        if elem.kind != "f":
+            continue  # an index output (TopK's) carries no gradient
         inits.append(numpy_helper.from_array(rand(*shape, seed=100 + j).astype(elem), f"probe{j}"))
         nodes.append(helper.make_node("Mul", [outs[j], f"probe{j}"], [f"weighted{j}"], name=f"weigh{j}"))
         nodes.append(helper.make_node("ReduceSum", [f"weighted{j}"], [f"part{j}"], name=f"sum{j}", keepdims=0))
@@ -423,6 +425,10 @@ POOLS = [
     # Ties share the gradient evenly, as torch.amax does (not differentiable there: no finite differences).
     Case("ReduceMax", [np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])], lambda x: x.amax(1), {"axes": [1], "keepdims": 0},
          finite_differences=False),
+    Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
+    Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
+    Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,
+         {"reverse": 1, "exclusive": 1}),
 ]
 
 
@@ -461,12 +467,58 @@ SHAPES = [
     Case("Gather", [rand(2, 5, 3), np.array(3)], lambda x, i: x[:, 3], {"axis": 1}, opset=20),
     Case("GatherElements", [rand(3, 4), np.array([[0, 3], [1, 1], [2, 0]])],
          lambda x, i: torch.gather(x, 1, torch.tensor([[0, 3], [1, 1], [2, 0]])), {"axis": 1}),
+    Case("GatherND", [rand(3, 4, 5), np.array([[0, 1], [2, -1], [0, 1]])], lambda x, i: x[[0, 2, 0], [1, 3, 1]]),
+    Case("GatherND", [rand(3, 4, 5), np.array([[[2]], [[0]]])], lambda x, i: x[torch.tensor([[2], [0]])], opset=20),
+    # ScatterND writes over data (whose gradient is zero there) or adds to it; updates get dy where they went.
+    Case("ScatterND", [rand(4, 3), np.array([[1], [3]]), rand(2, 3)],
+         lambda d, i, u: d.index_put((torch.tensor([1, 3]),), u)),
+    Case("ScatterND", [rand(4, 3), np.array([[1, 2], [1, 2], [0, 0]]), rand(3)],
+         lambda d, i, u: d.index_put((torch.tensor([1, 1, 0]), torch.tensor([2, 2, 0])), u, accumulate=True),
+         {"reduction": "add"}, opset=18),
+    Case("TopK", [rand(3, 6), ints(2)], lambda x, k: x.topk(2, dim=1).values, {"axis": 1}, n_out=2),
+    Case("TopK", [rand(4, 3), ints(3)], lambda x, k: x.topk(3, dim=0, largest=False).values,
+         {"axis": 0, "largest": 0}, n_out=2),
+    Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: x.view(2, 2, 2, 2, 2, 3).permute(0, 3, 4, 1, 5, 2)
+         .reshape(2, 2, 4, 6), {"blocksize": 2}),
+    Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: F.pixel_shuffle(x, 2), {"blocksize": 2, "mode": "CRD"}),
+    Case("SpaceToDepth", [rand(2, 3, 4, 6)], lambda x: x.view(2, 3, 2, 2, 3, 2).permute(0, 3, 5, 1, 2, 4)
+         .reshape(2, 12, 2, 3), {"blocksize": 2}),
 ]
 
 
 @pytest.mark.parametrize("case", SHAPES, ids=repr)
 def test_shape(case: Case) -> None:
     check(case)
+
+
+def resize_case(mode: str, size: tuple[int, int], torch_mode: str, opset: int = 17, **attrs) -> Case:
+    """Resize of a (2, 3, 4, 5) input to `size` given as sizes (scales would be cast to float64 with the input)."""
+    x, sizes = rand(2, 3, 4, 5), ints(2, 3, *size)
+    align = {"align_corners": attrs.get("coordinate_transformation_mode") == "align_corners"}
+    torch_fn = lambda x, *_: F.interpolate(x, size=size, mode=torch_mode, **({} if torch_mode == "nearest" else align))  # noqa: E731
+    if "axes" in attrs:
+        sizes = ints(*size)
+    return Case("Resize", [x, None, None, sizes], torch_fn, {"mode": mode, **attrs}, opset=opset)
+
+
+RESIZES = [
+    resize_case("linear", (8, 10), "bilinear"),
+    resize_case("linear", (7, 3), "bilinear", coordinate_transformation_mode="align_corners"),
+    resize_case("nearest", (8, 15), "nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    resize_case("linear", (6, 10), "bilinear", opset=19, axes=[2, 3]),
+]
+
+
+@pytest.mark.parametrize("case", RESIZES, ids=repr)
+def test_resize(case: Case) -> None:
+    check(case)
+
+
+def test_resize_cropping_is_refused_naming_the_node() -> None:
+    case = resize_case("linear", (8, 10), "bilinear", coordinate_transformation_mode="tf_crop_and_resize")
+    model = case_model(case, np.float32)
+    with pytest.raises(ModelError, match="Resize 'op'.*tf_crop_and_resize"):
+        step_as_proto(model, loss="sum", freeze=probes(model))
 
 
 def einsum_case(equation: str, *shapes: tuple[int, ...]) -> Case:
@@ -502,7 +554,7 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + EINSUMS
+    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + RESIZES + EINSUMS
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, shape
+from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, resize, shape
 from onnx_remat.passes.autodiff.rules import elementwise as ew
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
@@ -57,6 +57,7 @@ RULES: dict[str, Rule] = {
     "ReduceMean": Rule(pool.reduce_mean),
     "ReduceSum": Rule(pool.reduce_sum),
     "ReduceMax": Rule(pool.reduce_max),
+    "CumSum": Rule(pool.cum_sum),
     # data movement
     "Reshape": Rule(shape.reshape_back),
     "Flatten": Rule(shape.reshape_back),
@@ -68,9 +69,15 @@ RULES: dict[str, Rule] = {
     "Split": Rule(shape.split, outputs=None),
     "Slice": Rule(shape.slice_),
     "Pad": Rule(shape.pad),
+    "DepthToSpace": Rule(shape.depth_to_space),
+    "SpaceToDepth": Rule(shape.space_to_depth),
+    "Resize": Rule(resize.resize),
     # indexing
     "Gather": Rule(gather.gather),
     "GatherElements": Rule(gather.gather_elements),
+    "GatherND": Rule(gather.gather_nd),
+    "ScatterND": Rule(gather.scatter_nd, (0, 2)),
+    "TopK": Rule(gather.top_k),
 }
 
 __all__ = ["RULES", "GradFn", "Rule"]

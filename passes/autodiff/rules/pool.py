@@ -114,3 +114,9 @@ def reduce_max(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
     ties = e.reduce_sum(hits, axes, keepdims=True)
     share = e.op("Div", _unreduce(e, node, dys[0], mean=False), ties)
     return {0: e.op("Mul", hits, share)}
+
+
+def cum_sum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Each input adds to the sums after it (before it, reversed): dy summed the other way, equally exclusive."""
+    reverse = 1 - attr_int(node, "reverse", 0)
+    return {0: e.op("CumSum", dys[0], node.inputs[1], exclusive=attr_int(node, "exclusive", 0), reverse=reverse)}

@@ -237,6 +237,14 @@ ELEMENTWISE = [
     Case("Softplus", [rand(3, 4)], F.softplus),
     Case("Mish", [rand(3, 4)], F.mish, opset=18),
     Case("Elu", [rand(3, 4)], lambda a: F.elu(a, 0.7), {"alpha": 0.7}),
+    Case("PRelu", [rand(2, 3, 4, 5), rand(3, 1, 1)], lambda x, s: F.prelu(x, s.flatten())),
+    Case("Abs", [rand(3, 4)], torch.abs),
+    Case("Max", [rand(2, 3, 4), rand(3, 1)], torch.maximum),
+    Case("Min", [rand(2, 3, 4), rand(4)], torch.minimum),
+    # Ties share dy evenly, as torch.maximum (not differentiable there: no finite differences).
+    Case("Max", [WITH_ZEROS, np.zeros((2, 3))], torch.maximum, finite_differences=False),
+    Case("Sin", [rand(3, 4)], torch.sin),
+    Case("Cos", [rand(3, 4)], torch.cos),
 ]
 
 

@@ -221,7 +221,7 @@ class T5Encoder(nn.Module):
 
 
 class ConvDecoder(nn.Module):
-    """Conv1d over a sequence decoded to an image: ConvTranspose2d, GroupNorm, InstanceNorm, a channel shuffle,
+    """Conv1d over a sequence decoded to an image: ConvTranspose2d, GroupNorm, PReLU, InstanceNorm, a channel shuffle,
     PixelShuffle, bilinear and nearest upsampling, adaptive pooling to 4x4 (the legacy exporter refuses sizes that
     do not divide the input's)."""
 
@@ -230,6 +230,7 @@ class ConvDecoder(nn.Module):
         self.sequence = nn.Conv1d(features, channels, 3, padding=1)
         self.up = nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1)
         self.group = nn.GroupNorm(4, channels)
+        self.prelu = nn.PReLU(channels)
         self.instance = nn.InstanceNorm2d(channels, affine=True)
         self.expand = nn.Conv2d(channels, 4 * channels, 3, padding=1)
         self.shuffle = nn.PixelShuffle(2)
@@ -242,7 +243,7 @@ class ConvDecoder(nn.Module):
         b = x.shape[0]
         x = F.relu(self.sequence(x.transpose(1, 2)))
         x = x.reshape(b, x.shape[1], 4, 4)
-        x = F.relu(self.group(self.up(x)))
+        x = self.prelu(self.group(self.up(x)))
         x = x.reshape(b, 4, -1, 8, 8).transpose(1, 2).reshape(b, -1, 8, 8)
         x = self.shuffle(self.expand(self.instance(x)))
         x = self.nearest(self.bilinear(x))

@@ -14,6 +14,9 @@ RULES: dict[str, Rule] = {
     "Mul": Rule(ew.mul, (0, 1)),
     "Div": Rule(ew.div, (0, 1)),
     "Neg": Rule(ew.neg),
+    "Abs": Rule(ew.abs_),
+    "Max": Rule(ew.max_, None),
+    "Min": Rule(ew.min_, None),
     "Where": Rule(ew.where, (1, 2)),
     "Expand": Rule(ew.expand),
     # activations and unary math
@@ -23,6 +26,8 @@ RULES: dict[str, Rule] = {
     "Tanh": Rule(ew.tanh),
     "Clip": Rule(ew.clip),
     "Erf": Rule(ew.erf),
+    "Sin": Rule(ew.sin),
+    "Cos": Rule(ew.cos),
     "Exp": Rule(ew.exp),
     "Log": Rule(ew.log),
     "Sqrt": Rule(ew.sqrt),
@@ -38,6 +43,7 @@ RULES: dict[str, Rule] = {
     "Softplus": Rule(activation.softplus),
     "Mish": Rule(activation.mish),
     "Elu": Rule(activation.elu),
+    "PRelu": Rule(activation.prelu, (0, 1)),
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),

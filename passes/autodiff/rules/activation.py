@@ -78,3 +78,17 @@ def elu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     x, y, alpha = present(node.inputs[0]), node.outputs[0], attr_float(node, "alpha", 1.0)
     negative = e.op("Mul", dys[0], e.op("Add", y, e.scalar(alpha)))
     return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}
+
+
+def prelu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x where x > 0, slope * x elsewhere: dx = dy or slope * dy; dslope = dy * x where x <= 0, summed back to the
+    slope's (broadcast) shape."""
+    x, slope = (present(v) for v in node.inputs[:2])
+    positive = e.op("Greater", x, e.scalar(0.0))
+    grads = {}
+    if needs[0]:
+        grads[0] = e.op("Where", positive, dys[0], e.op("Mul", dys[0], slope))
+    if needs[1]:
+        below = e.op("Where", positive, e.scalar(0.0), e.op("Mul", dys[0], x))
+        grads[1] = e.sum_to(below, e.info.shape(node.outputs[0]), e.info.shape(slope))
+    return grads

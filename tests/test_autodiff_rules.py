@@ -215,8 +215,9 @@ ELEMENTWISE = [
     Case("LeakyRelu", [WITH_ZEROS], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}, finite_differences=False),
     Case("Sigmoid", [rand(3, 4)], torch.sigmoid),
     Case("Tanh", [rand(3, 4)], torch.tanh),
-    Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], lambda a, lo, hi: a.clamp(lo.item(), hi.item())),
-    Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi.item())),
+    # The bounds are trained too: a clamp by a tensor (torch.clamp(x, min=t)) passes dy to t where x is below it.
+    Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], torch.clamp),
+    Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi)),
     Case("Erf", [rand(3, 4)], torch.erf),
     Case("Exp", [rand(3, 4)], torch.exp),
     Case("Log", [rand(3, 4, low=0.5)], torch.log),
@@ -244,6 +245,8 @@ ELEMENTWISE = [
     # Ties share dy evenly, as torch.maximum (not differentiable there: no finite differences).
     Case("Max", [WITH_ZEROS, np.zeros((2, 3))], torch.maximum, finite_differences=False),
     Case("Sin", [rand(3, 4)], torch.sin),
+    Case("Selu", [rand(3, 4)], F.selu),
+    Case("Celu", [rand(3, 4)], lambda a: F.celu(a, 0.7), {"alpha": 0.7}, finite_differences=False),  # float32 only
     Case("Cos", [rand(3, 4)], torch.cos),
 ]
 
@@ -433,6 +436,17 @@ POOLS = [
     # Ties share the gradient evenly, as torch.amax does (not differentiable there: no finite differences).
     Case("ReduceMax", [np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])], lambda x: x.amax(1), {"axes": [1], "keepdims": 0},
          finite_differences=False),
+    Case("ReduceMin", [rand(2, 3, 4)], lambda x: x.amin(1), {"axes": [1], "keepdims": 0}),
+    Case("ReduceL2", [rand(2, 3, 4)], lambda x: x.norm(dim=-1), {"axes": [-1], "keepdims": 0}),
+    Case("ReduceL2", [rand(2, 3, 4), ints(0, 2)], lambda x, a: x.norm(dim=(0, 2), keepdim=True), opset=18),
+    # A zero norm has a zero gradient, as torch's (not differentiable there: no finite differences).
+    Case("ReduceL2", [np.vstack([rand(1, 4), np.zeros((1, 4))])], lambda x: x.norm(dim=1), {"axes": [1], "keepdims": 0},
+         finite_differences=False),
+    Case("ReduceL1", [rand(2, 3, 4)], lambda x: x.abs().sum(1, keepdim=True), {"axes": [1]}),
+    Case("ReduceSumSquare", [rand(2, 3, 4)], lambda x: x.square().sum((0, 2)), {"axes": [0, 2], "keepdims": 0}),
+    # OpenVINO reads opset 13's ReduceLogSumExp (axes an attribute) as reducing everything: the opset-18 form here.
+    Case("ReduceLogSumExp", [rand(2, 3, 4), ints(-1)], lambda x, a: x.logsumexp(-1), {"keepdims": 0}, opset=18),
+    Case("ReduceLogSumExp", [rand(2, 3, 4), ints(1)], lambda x, a: x.logsumexp(1, keepdim=True), opset=18),
     Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
     Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
     Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,
@@ -463,6 +477,7 @@ SHAPES = [
     Case("Slice", [rand(5, 6), ints(1, -4), ints(4, 100), ints(0, 1)], lambda x, *_: x[1:4, -4:]),
     Case("Slice", [rand(5, 6), ints(4, 0), ints(-100, 6), ints(0, 1), ints(-2, 3)], lambda x, *_: x.flip(0)[::2, ::3]),
     Case("Pad", [rand(2, 3, 4), ints(0, 1, 2, 0, 2, 1)], lambda x, p: F.pad(x, [2, 1, 1, 2])),
+    Case("Tile", [rand(2, 3), ints(2, 3)], lambda x, r: x.repeat(2, 3)),
     Case("Pad", [rand(2, 3, 4), ints(0, -1, 2, 0, 1, -1)], lambda x, p: F.pad(x, [2, -1, -1, 1]),
          finite_differences=False),
     Case("Squeeze", [rand(2, 1, 4), ints(1)], lambda x, a: x.squeeze(1), opset=20),
@@ -563,7 +578,7 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 def test_every_rule_is_tested() -> None:
     cases = ELEMENTWISE + NORMS + POOLS + SHAPES + RESIZES + EINSUMS
-    tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
+    tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose", "Sign", "Round", "Floor", "Ceil"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
 
@@ -579,11 +594,25 @@ def test_dropout_uses_the_mask() -> None:
     np.testing.assert_allclose(got["grad.in0"], probe * got["op.mask"] / 0.75, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["Sign", "Round", "Floor", "Ceil"])
+def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
+    """x * op(x): only the first factor carries dy (torch's slope of op is zero), so the gradient is dy * op(x)."""
+    x = rand(3, 4) * 3
+    case = Case(op, [x], None)
+    nodes = [helper.make_node(op, ["w"], ["stepped"], name="op"), helper.make_node("Mul", ["w", "stepped"], ["output"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3, 4])],
+                              [numpy_helper.from_array(x.astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    training = step_as_proto(model, loss="sum")
+    stepped = {"Sign": np.sign, "Round": np.round, "Floor": np.floor, "Ceil": np.ceil}[case.op](x)
+    np.testing.assert_allclose(run_ort(training.model)["grad.w"], stepped, rtol=1e-6)
+
+
 def test_unsupported_ops_are_listed_once() -> None:
-    nodes = [helper.make_node("Sin", ["w"], ["a"], name="sine"), helper.make_node("Cos", ["a"], ["b"], name="cosine"),
+    nodes = [helper.make_node("Atan", ["w"], ["a"], name="arctan"), helper.make_node("Sinh", ["a"], ["b"], name="sinh"),
              helper.make_node("Relu", ["b"], ["output"], name="relu")]
     graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3])],
                               [numpy_helper.from_array(np.ones(3, np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"Cos \(e.g. node 'cosine'\).*Sin \(e.g. node 'sine'\)"):
+    with pytest.raises(ModelError, match=r"Atan \(e.g. node 'arctan'\).*Sinh \(e.g. node 'sinh'\)"):
         step_as_proto(model, loss="sum")

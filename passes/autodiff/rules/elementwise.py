@@ -93,17 +93,18 @@ def leaky_relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
 
 
 def clip(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy where min <= x <= max (as torch.clamp)."""
+    """dy to x where min <= x <= max, to min where x < min, to max where x > max (as torch.clamp by tensors)."""
     x, bounds = node.inputs[0], [*node.inputs[1:], None, None]
-    inside = []
-    if bounds[0]:
-        inside.append(e.op("GreaterOrEqual", x, bounds[0]))
-    if bounds[1]:
-        inside.append(e.op("LessOrEqual", x, bounds[1]))
-    if not inside:
-        return {0: dys[0]}
-    condition = inside[0] if len(inside) == 1 else e.op("And", *inside)
-    return {0: _mask(e, condition, dys[0])}
+    above_min = e.op("GreaterOrEqual", x, bounds[0]) if bounds[0] else None
+    below_max = e.op("LessOrEqual", x, bounds[1]) if bounds[1] else None
+    inside = [c for c in (above_min, below_max) if c is not None]
+    grads = {}
+    if needs[0]:
+        grads[0] = dys[0] if not inside else _mask(e, inside[0] if len(inside) == 1 else e.op("And", *inside), dys[0])
+    for position, within in ((1, above_min), (2, below_max)):
+        if len(needs) > position and needs[position] and within is not None:
+            grads[position] = _mask(e, e.op("Not", within), dys[0])
+    return _to_inputs(e, node, grads, needs)
 
 
 def sigmoid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
@@ -206,3 +207,9 @@ def sin(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
 def cos(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """-dy * sin(x)."""
     return {0: e.op("Neg", e.op("Mul", dys[0], e.op("Sin", node.inputs[0])))}
+
+
+def piecewise_constant(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Sign, Round, Floor, Ceil: zero slope almost everywhere (as torch), so no gradient passes (the rule
+    differentiates no input and is never called)."""
+    return {}

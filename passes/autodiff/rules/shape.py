@@ -111,3 +111,12 @@ def space_to_depth(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[
     n, c, h, w = shape = e.info.shape(node.inputs[0])
     b = attr_int(node, "blocksize")
     return {0: _unshuffled(e, dys[0], [n, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4], shape)}
+
+
+def tile(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Every copy's gradient summed: dy split into (repeats, size) per axis, summed over the repeats."""
+    shape = e.info.shape(node.inputs[0])
+    repeats = e.info.static(node.inputs[1]).tolist()
+    split = [d for r, n in zip(repeats, shape, strict=True) for d in (r, n)]
+    summed = e.reduce_sum(e.reshape(dys[0], split), list(range(0, 2 * len(shape), 2)), keepdims=False)
+    return {0: summed}

@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr
+from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr, present
 from onnx_remat.passes.autodiff.rules.linear import Window, window
 
 Grads = Sequence[ir.Value]
@@ -144,7 +144,7 @@ def reduce_l1(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, 
 
 def reduce_sum_square(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """2 x dy."""
-    return {0: e.op("Mul", e.scale(node.inputs[0], 2.0), _unreduce(e, node, dys[0], mean=False))}
+    return {0: e.op("Mul", e.scale(present(node.inputs[0]), 2.0), _unreduce(e, node, dys[0], mean=False))}
 
 
 def reduce_log_sum_exp(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:

@@ -215,9 +215,9 @@ ELEMENTWISE = [
     Case("LeakyRelu", [WITH_ZEROS], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}, finite_differences=False),
     Case("Sigmoid", [rand(3, 4)], torch.sigmoid),
     Case("Tanh", [rand(3, 4)], torch.tanh),
-    # The bounds are trained too: a clamp by a tensor (torch.clamp(x, min=t)) passes dy to t where x is below it.
-    Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], torch.clamp),
-    Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi)),
+    # Bounds that are initializers are constants (ReLU6's); test_clip_by_computed_bounds trains computed ones.
+    Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], lambda a, lo, hi: a.clamp(lo.item(), hi.item())),
+    Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi.item())),
     Case("Erf", [rand(3, 4)], torch.erf),
     Case("Exp", [rand(3, 4)], torch.exp),
     Case("Log", [rand(3, 4, low=0.5)], torch.log),
@@ -592,6 +592,26 @@ def test_dropout_uses_the_mask() -> None:
     probe = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "probe0"))
     assert 0 < got["op.mask"].mean() < 1
     np.testing.assert_allclose(got["grad.in0"], probe * got["op.mask"] / 0.75, rtol=1e-6)
+
+
+def test_clip_by_computed_bounds() -> None:
+    """torch.clamp(w, min=mean(w) - 0.3, max=mean(w) + 0.3): dy reaches w directly where it is inside and through the
+    mean where it is clipped, as the legacy exporter writes it (Clip with computed bounds)."""
+    w = rand(3, 4)
+    nodes = [helper.make_node("ReduceMean", ["w"], ["mean"], keepdims=0),
+             helper.make_node("Sub", ["mean", "width"], ["low"]), helper.make_node("Add", ["mean", "width"], ["high"]),
+             helper.make_node("Clip", ["w", "low", "high"], ["clipped"], name="op"),
+             helper.make_node("Mul", ["clipped", "probe"], ["output"])]
+    probe = rand(3, 4, seed=5)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (("w", w), ("probe", probe))]
+    inits.append(numpy_helper.from_array(np.array(0.3, np.float32), "width"))
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3, 4])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    training = step_as_proto(model, loss="sum", freeze=["probe", "width"])
+    weights = torch.tensor(w, requires_grad=True)
+    (torch.clamp(weights, weights.mean() - 0.3, weights.mean() + 0.3) * torch.tensor(probe)).sum().backward()
+    assert rel_err(run_ort(training.model)["grad.w"], weights.grad.numpy()) < TORCH_TOLERANCE
 
 
 @pytest.mark.parametrize("op", ["Sign", "Round", "Floor", "Ceil"])

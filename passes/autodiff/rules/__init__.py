@@ -24,7 +24,7 @@ RULES: dict[str, Rule] = {
     "LeakyRelu": Rule(ew.leaky_relu),
     "Sigmoid": Rule(ew.sigmoid),
     "Tanh": Rule(ew.tanh),
-    "Clip": Rule(ew.clip, (0, 1, 2)),
+    "Clip": Rule(ew.clip, (0, 1, 2), computed_only=(1, 2)),
     "Erf": Rule(ew.erf),
     "Sin": Rule(ew.sin),
     "Cos": Rule(ew.cos),

@@ -95,6 +95,8 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
     for j, value in enumerate(inferred.graph.output):
         shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
         elem = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        if elem.kind != "f":
+            continue  # an index output (TopK's) carries no gradient
         inits.append(numpy_helper.from_array(rand(*shape, seed=100 + j).astype(elem), f"probe{j}"))
         nodes.append(helper.make_node("Mul", [outs[j], f"probe{j}"], [f"weighted{j}"], name=f"weigh{j}"))
         nodes.append(helper.make_node("ReduceSum", [f"weighted{j}"], [f"part{j}"], name=f"sum{j}", keepdims=0))
@@ -213,6 +215,7 @@ ELEMENTWISE = [
     Case("LeakyRelu", [WITH_ZEROS], lambda a: F.leaky_relu(a, 0.2), {"alpha": 0.2}, finite_differences=False),
     Case("Sigmoid", [rand(3, 4)], torch.sigmoid),
     Case("Tanh", [rand(3, 4)], torch.tanh),
+    # Bounds that are initializers are constants (ReLU6's); test_clip_by_computed_bounds trains computed ones.
     Case("Clip", [rand(3, 4), np.array(-0.5), np.array(0.7)], lambda a, lo, hi: a.clamp(lo.item(), hi.item())),
     Case("Clip", [rand(3, 4), None, np.array(0.3)], lambda a, lo, hi: a.clamp(max=hi.item())),
     Case("Erf", [rand(3, 4)], torch.erf),
@@ -235,6 +238,16 @@ ELEMENTWISE = [
     Case("Softplus", [rand(3, 4)], F.softplus),
     Case("Mish", [rand(3, 4)], F.mish, opset=18),
     Case("Elu", [rand(3, 4)], lambda a: F.elu(a, 0.7), {"alpha": 0.7}),
+    Case("PRelu", [rand(2, 3, 4, 5), rand(3, 1, 1)], lambda x, s: F.prelu(x, s.flatten())),
+    Case("Abs", [rand(3, 4)], torch.abs),
+    Case("Max", [rand(2, 3, 4), rand(3, 1)], torch.maximum),
+    Case("Min", [rand(2, 3, 4), rand(4)], torch.minimum),
+    # Ties share dy evenly, as torch.maximum (not differentiable there: no finite differences).
+    Case("Max", [WITH_ZEROS, np.zeros((2, 3))], torch.maximum, finite_differences=False),
+    Case("Sin", [rand(3, 4)], torch.sin),
+    Case("Selu", [rand(3, 4)], F.selu),
+    Case("Celu", [rand(3, 4)], lambda a: F.celu(a, 0.7), {"alpha": 0.7}, finite_differences=False),  # float32 only
+    Case("Cos", [rand(3, 4)], torch.cos),
 ]
 
 
@@ -423,6 +436,21 @@ POOLS = [
     # Ties share the gradient evenly, as torch.amax does (not differentiable there: no finite differences).
     Case("ReduceMax", [np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]])], lambda x: x.amax(1), {"axes": [1], "keepdims": 0},
          finite_differences=False),
+    Case("ReduceMin", [rand(2, 3, 4)], lambda x: x.amin(1), {"axes": [1], "keepdims": 0}),
+    Case("ReduceL2", [rand(2, 3, 4)], lambda x: x.norm(dim=-1), {"axes": [-1], "keepdims": 0}),
+    Case("ReduceL2", [rand(2, 3, 4), ints(0, 2)], lambda x, a: x.norm(dim=(0, 2), keepdim=True), opset=18),
+    # A zero norm has a zero gradient, as torch's (not differentiable there: no finite differences).
+    Case("ReduceL2", [np.vstack([rand(1, 4), np.zeros((1, 4))])], lambda x: x.norm(dim=1), {"axes": [1], "keepdims": 0},
+         finite_differences=False),
+    Case("ReduceL1", [rand(2, 3, 4)], lambda x: x.abs().sum(1, keepdim=True), {"axes": [1]}),
+    Case("ReduceSumSquare", [rand(2, 3, 4)], lambda x: x.square().sum((0, 2)), {"axes": [0, 2], "keepdims": 0}),
+    # OpenVINO reads opset 13's ReduceLogSumExp (axes an attribute) as reducing everything: the opset-18 form here.
+    Case("ReduceLogSumExp", [rand(2, 3, 4), ints(-1)], lambda x, a: x.logsumexp(-1), {"keepdims": 0}, opset=18),
+    Case("ReduceLogSumExp", [rand(2, 3, 4), ints(1)], lambda x, a: x.logsumexp(1, keepdim=True), opset=18),
+    Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
+    Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
+    Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,
+         {"reverse": 1, "exclusive": 1}),
 ]
 
 
@@ -449,6 +477,7 @@ SHAPES = [
     Case("Slice", [rand(5, 6), ints(1, -4), ints(4, 100), ints(0, 1)], lambda x, *_: x[1:4, -4:]),
     Case("Slice", [rand(5, 6), ints(4, 0), ints(-100, 6), ints(0, 1), ints(-2, 3)], lambda x, *_: x.flip(0)[::2, ::3]),
     Case("Pad", [rand(2, 3, 4), ints(0, 1, 2, 0, 2, 1)], lambda x, p: F.pad(x, [2, 1, 1, 2])),
+    Case("Tile", [rand(2, 3), ints(2, 3)], lambda x, r: x.repeat(2, 3)),
     Case("Pad", [rand(2, 3, 4), ints(0, -1, 2, 0, 1, -1)], lambda x, p: F.pad(x, [2, -1, -1, 1]),
          finite_differences=False),
     Case("Squeeze", [rand(2, 1, 4), ints(1)], lambda x, a: x.squeeze(1), opset=20),
@@ -461,12 +490,58 @@ SHAPES = [
     Case("Gather", [rand(2, 5, 3), np.array(3)], lambda x, i: x[:, 3], {"axis": 1}, opset=20),
     Case("GatherElements", [rand(3, 4), np.array([[0, 3], [1, 1], [2, 0]])],
          lambda x, i: torch.gather(x, 1, torch.tensor([[0, 3], [1, 1], [2, 0]])), {"axis": 1}),
+    Case("GatherND", [rand(3, 4, 5), np.array([[0, 1], [2, -1], [0, 1]])], lambda x, i: x[[0, 2, 0], [1, 3, 1]]),
+    Case("GatherND", [rand(3, 4, 5), np.array([[[2]], [[0]]])], lambda x, i: x[torch.tensor([[2], [0]])], opset=20),
+    # ScatterND writes over data (whose gradient is zero there) or adds to it; updates get dy where they went.
+    Case("ScatterND", [rand(4, 3), np.array([[1], [3]]), rand(2, 3)],
+         lambda d, i, u: d.index_put((torch.tensor([1, 3]),), u)),
+    Case("ScatterND", [rand(4, 3), np.array([[1, 2], [1, 2], [0, 0]]), rand(3)],
+         lambda d, i, u: d.index_put((torch.tensor([1, 1, 0]), torch.tensor([2, 2, 0])), u, accumulate=True),
+         {"reduction": "add"}, opset=18),
+    Case("TopK", [rand(3, 6), ints(2)], lambda x, k: x.topk(2, dim=1).values, {"axis": 1}, n_out=2),
+    Case("TopK", [rand(4, 3), ints(3)], lambda x, k: x.topk(3, dim=0, largest=False).values,
+         {"axis": 0, "largest": 0}, n_out=2),
+    Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: x.view(2, 2, 2, 2, 2, 3).permute(0, 3, 4, 1, 5, 2)
+         .reshape(2, 2, 4, 6), {"blocksize": 2}),
+    Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: F.pixel_shuffle(x, 2), {"blocksize": 2, "mode": "CRD"}),
+    Case("SpaceToDepth", [rand(2, 3, 4, 6)], lambda x: x.view(2, 3, 2, 2, 3, 2).permute(0, 3, 5, 1, 2, 4)
+         .reshape(2, 12, 2, 3), {"blocksize": 2}),
 ]
 
 
 @pytest.mark.parametrize("case", SHAPES, ids=repr)
 def test_shape(case: Case) -> None:
     check(case)
+
+
+def resize_case(mode: str, size: tuple[int, int], torch_mode: str, opset: int = 17, **attrs) -> Case:
+    """Resize of a (2, 3, 4, 5) input to `size` given as sizes (scales would be cast to float64 with the input)."""
+    x, sizes = rand(2, 3, 4, 5), ints(2, 3, *size)
+    align = {"align_corners": attrs.get("coordinate_transformation_mode") == "align_corners"}
+    torch_fn = lambda x, *_: F.interpolate(x, size=size, mode=torch_mode, **({} if torch_mode == "nearest" else align))  # noqa: E731
+    if "axes" in attrs:
+        sizes = ints(*size)
+    return Case("Resize", [x, None, None, sizes], torch_fn, {"mode": mode, **attrs}, opset=opset)
+
+
+RESIZES = [
+    resize_case("linear", (8, 10), "bilinear"),
+    resize_case("linear", (7, 3), "bilinear", coordinate_transformation_mode="align_corners"),
+    resize_case("nearest", (8, 15), "nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    resize_case("linear", (6, 10), "bilinear", opset=19, axes=[2, 3]),
+]
+
+
+@pytest.mark.parametrize("case", RESIZES, ids=repr)
+def test_resize(case: Case) -> None:
+    check(case)
+
+
+def test_resize_cropping_is_refused_naming_the_node() -> None:
+    case = resize_case("linear", (8, 10), "bilinear", coordinate_transformation_mode="tf_crop_and_resize")
+    model = case_model(case, np.float32)
+    with pytest.raises(ModelError, match="Resize 'op'.*tf_crop_and_resize"):
+        step_as_proto(model, loss="sum", freeze=probes(model))
 
 
 def einsum_case(equation: str, *shapes: tuple[int, ...]) -> Case:
@@ -502,8 +577,8 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + EINSUMS
-    tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
+    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + RESIZES + EINSUMS
+    tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose", "Sign", "Round", "Floor", "Ceil"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
 
@@ -519,11 +594,45 @@ def test_dropout_uses_the_mask() -> None:
     np.testing.assert_allclose(got["grad.in0"], probe * got["op.mask"] / 0.75, rtol=1e-6)
 
 
+def test_clip_by_computed_bounds() -> None:
+    """torch.clamp(w, min=mean(w) - 0.3, max=mean(w) + 0.3): dy reaches w directly where it is inside and through the
+    mean where it is clipped, as the legacy exporter writes it (Clip with computed bounds)."""
+    w = rand(3, 4)
+    nodes = [helper.make_node("ReduceMean", ["w"], ["mean"], keepdims=0),
+             helper.make_node("Sub", ["mean", "width"], ["low"]), helper.make_node("Add", ["mean", "width"], ["high"]),
+             helper.make_node("Clip", ["w", "low", "high"], ["clipped"], name="op"),
+             helper.make_node("Mul", ["clipped", "probe"], ["output"])]
+    probe = rand(3, 4, seed=5)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (("w", w), ("probe", probe))]
+    inits.append(numpy_helper.from_array(np.array(0.3, np.float32), "width"))
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3, 4])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    training = step_as_proto(model, loss="sum", freeze=["probe", "width"])
+    weights = torch.tensor(w, requires_grad=True)
+    (torch.clamp(weights, weights.mean() - 0.3, weights.mean() + 0.3) * torch.tensor(probe)).sum().backward()
+    assert rel_err(run_ort(training.model)["grad.w"], weights.grad.numpy()) < TORCH_TOLERANCE
+
+
+@pytest.mark.parametrize("op", ["Sign", "Round", "Floor", "Ceil"])
+def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
+    """x * op(x): only the first factor carries dy (torch's slope of op is zero), so the gradient is dy * op(x)."""
+    x = rand(3, 4) * 3
+    case = Case(op, [x], None)
+    nodes = [helper.make_node(op, ["w"], ["stepped"], name="op"), helper.make_node("Mul", ["w", "stepped"], ["output"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3, 4])],
+                              [numpy_helper.from_array(x.astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    training = step_as_proto(model, loss="sum")
+    stepped = {"Sign": np.sign, "Round": np.round, "Floor": np.floor, "Ceil": np.ceil}[case.op](x)
+    np.testing.assert_allclose(run_ort(training.model)["grad.w"], stepped, rtol=1e-6)
+
+
 def test_unsupported_ops_are_listed_once() -> None:
-    nodes = [helper.make_node("Sin", ["w"], ["a"], name="sine"), helper.make_node("Cos", ["a"], ["b"], name="cosine"),
+    nodes = [helper.make_node("Atan", ["w"], ["a"], name="arctan"), helper.make_node("Sinh", ["a"], ["b"], name="sinh"),
              helper.make_node("Relu", ["b"], ["output"], name="relu")]
     graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3])],
                               [numpy_helper.from_array(np.ones(3, np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"Cos \(e.g. node 'cosine'\).*Sin \(e.g. node 'sine'\)"):
+    with pytest.raises(ModelError, match=r"Atan \(e.g. node 'arctan'\).*Sinh \(e.g. node 'sinh'\)"):
         step_as_proto(model, loss="sum")

@@ -162,6 +162,94 @@ class Recurrent(nn.Module):
         return self.head(self.rnn(x)[0])
 
 
+class VitEncoder(nn.Module):
+    """A ViT written with nn.TransformerEncoder: conv patches, class token, pre-norm GELU layers, a linear head."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2, patch: int = 8, image: int = 32) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.positions = nn.Parameter(torch.zeros(1, 1 + (image // patch) ** 2, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.positions
+        return self.head(self.encoder(x)[:, 0])
+
+
+class T5Block(nn.Module):
+    """A T5-style encoder block: RMSNorm before bias-free attention and a ReLU MLP, each with a residual."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(dim, eps=1e-6)
+        self.attn = nn.MultiheadAttention(dim, heads, bias=False, batch_first=True)
+        self.norm2 = nn.RMSNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim, bias=False), nn.ReLU(), nn.Linear(2 * dim, dim, bias=False))
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, key_padding_mask=padding, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class T5Encoder(nn.Module):
+    """RMSNorm encoder over padded token ids (Embedding with padding_idx, the mask from the ids by masked_fill),
+    pooled by a masked mean, a cumulative sum and the mean of the top-k features."""
+
+    def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim, padding_idx=0)
+        self.blocks = nn.ModuleList(T5Block(dim, heads) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim, eps=1e-6)
+        self.head = nn.Linear(3 * dim, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        padding = ids == 0
+        x = self.tokens(ids)
+        for block in self.blocks:
+            x = block(x, padding)
+        x = self.norm(x).masked_fill(padding.unsqueeze(-1), 0.0)
+        mean = x.sum(1) / (~padding).sum(1, keepdim=True).to(x.dtype)
+        running = x.cumsum(1)[:, -1]
+        top = x.topk(4, dim=1).values.mean(1)
+        return self.head(torch.cat([mean, running, top], dim=-1))
+
+
+class ConvDecoder(nn.Module):
+    """Conv1d over a sequence decoded to an image: ConvTranspose2d, GroupNorm, PReLU, InstanceNorm, a channel shuffle,
+    PixelShuffle, bilinear and nearest upsampling, adaptive pooling to 4x4 (the legacy exporter refuses sizes that
+    do not divide the input's)."""
+
+    def __init__(self, features: int = 8, channels: int = 16) -> None:
+        super().__init__()
+        self.sequence = nn.Conv1d(features, channels, 3, padding=1)
+        self.up = nn.ConvTranspose2d(channels, channels, 4, stride=2, padding=1)
+        self.group = nn.GroupNorm(4, channels)
+        self.prelu = nn.PReLU(channels)
+        self.instance = nn.InstanceNorm2d(channels, affine=True)
+        self.expand = nn.Conv2d(channels, 4 * channels, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(2)
+        self.bilinear = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.nearest = nn.Upsample(scale_factor=2, mode="nearest")
+        self.pool = nn.AdaptiveAvgPool2d((4, 4))
+        self.head = nn.Linear(16 * channels, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        x = F.relu(self.sequence(x.transpose(1, 2)))
+        x = x.reshape(b, x.shape[1], 4, 4)
+        x = self.prelu(self.group(self.up(x)))
+        x = x.reshape(b, 4, -1, 8, 8).transpose(1, 2).reshape(b, -1, 8, 8)
+        x = self.shuffle(self.expand(self.instance(x)))
+        x = self.nearest(self.bilinear(x))
+        return self.head(self.pool(x).flatten(1))
+
+
 def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
     return lambda: getattr(import_torchvision().models, name)(weights=None, **kwargs)
 
@@ -169,6 +257,18 @@ def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
 def _vit() -> nn.Module:
     return import_torchvision().models.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
+
+
+def _swin() -> nn.Module:
+    return import_torchvision().models.SwinTransformer(
+        patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
+        stochastic_depth_prob=0.0, num_classes=10)
+
+
+def _maxvit() -> nn.Module:
+    return import_torchvision().models.MaxVit(
+        input_size=(64, 64), stem_channels=16, partition_size=2, block_channels=[16, 32], block_layers=[1, 1],
+        head_dim=8, stochastic_depth_prob=0.0, num_classes=10)
 
 
 def _image() -> tuple[torch.Tensor, ...]:
@@ -190,18 +290,36 @@ def _tokens_and_padding() -> tuple[torch.Tensor, ...]:
     return torch.randint(0, 50, (2, 16)), padding
 
 
+def _inception_image() -> tuple[torch.Tensor, ...]:
+    """Inception v3's smallest input."""
+    return (torch.randn(2, 3, 75, 75),)
+
+
+def _padded_tokens() -> tuple[torch.Tensor, ...]:
+    """Token ids with id 0 as padding at the end of the second row."""
+    ids = torch.randint(1, 50, (2, 16))
+    ids[1, 12:] = 0
+    return (ids,)
+
+
+def _sequence_16() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 16, 8),)
+
+
 def _sequence() -> tuple[torch.Tensor, ...]:
     return (torch.randn(2, 6, 8),)
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """A model of the matrix: how to build it, its example inputs, its training loss, and whether it is slow."""
+    """A model of the matrix: how to build it, its example inputs, its training loss, whether it is slow, and the
+    exporters that can write it."""
 
     build: Callable[[], nn.Module]
     inputs: Callable[[], tuple[torch.Tensor, ...]]
     loss: str = "cross-entropy"
     slow: bool = False
+    exporters: tuple[str, ...] = EXPORTERS
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -219,7 +337,26 @@ ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture(Bert, _tokens_and_padding),
     "lstm": Architecture(lambda: Recurrent(nn.LSTM), _sequence, loss="mse"),
     "gru": Architecture(lambda: Recurrent(nn.GRU, bidirectional=True), _sequence, loss="mse"),
+    "conv_decoder": Architecture(ConvDecoder, _sequence_16, loss="mse"),
+    # torch's legacy exporter has no aten::rms_norm at opset 17.
+    "t5_encoder": Architecture(T5Encoder, _padded_tokens, exporters=("dynamo",)),
 }
+
+MORE_ARCHITECTURES: dict[str, Architecture] = {
+    "efficientnet_b0": Architecture(_vision("efficientnet_b0", num_classes=10, stochastic_depth_prob=0.0), _image),
+    "convnext_tiny": Architecture(_vision("convnext_tiny", num_classes=10, stochastic_depth_prob=0.0), _image,
+                                  slow=True),
+    "regnet_y_400mf": Architecture(_vision("regnet_y_400mf", num_classes=10), _image),
+    "mnasnet0_5": Architecture(_vision("mnasnet0_5", num_classes=10), _image),
+    "googlenet": Architecture(_vision("googlenet", num_classes=10, aux_logits=False, init_weights=False), _image),
+    "inception_v3": Architecture(_vision("inception_v3", num_classes=10, aux_logits=False, init_weights=False),
+                                 _inception_image, slow=True),
+    "resnext50_32x4d": Architecture(_vision("resnext50_32x4d", num_classes=10), _image, slow=True),
+    "swin": Architecture(_swin, _small_image),
+    "maxvit": Architecture(_maxvit, _image),
+    "vit_encoder": Architecture(VitEncoder, _small_image),
+}
+"""Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
 
 LARGE_ARCHITECTURES: dict[str, Architecture] = {
     "densenet121": Architecture(_vision("densenet121", num_classes=10), _image, slow=True),
@@ -229,7 +366,7 @@ LARGE_ARCHITECTURES: dict[str, Architecture] = {
 
 def architecture(name: str) -> Architecture:
     """The architecture of that name, from the matrix or the large models."""
-    return ARCHITECTURES.get(name) or LARGE_ARCHITECTURES[name]
+    return ARCHITECTURES.get(name) or MORE_ARCHITECTURES.get(name) or LARGE_ARCHITECTURES[name]
 
 
 def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

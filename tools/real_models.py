@@ -1,4 +1,4 @@
-"""Rerun the real-model matrix and print the README's table: every architecture of `real_model_zoo`, both exporters.
+"""Rerun the real-model matrix and print the README's table: its architectures (or those beyond it), every exporter.
 
 For each model: inference at the minimum budget (recomputation forced) against the original in onnxruntime;
 the training step's loss and gradients (float32) against PyTorch autograd on the module in float64, beside
@@ -6,12 +6,13 @@ PyTorch's own float32 error, which shows how ill-conditioned the model is; the t
 at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
 tool's own one-line message.
 
-    python tools/real_models.py [--models resnet18,gpt] [--exporters legacy,dynamo] [--time-limit 30]
+    python tools/real_models.py [--models resnet18,gpt | --more] [--exporters legacy,dynamo] [--time-limit 30]
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
-from real_model_zoo import ARCHITECTURES, EXPORTERS, export, make
+from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, architecture, export, make
 from torch.nn import functional as F
 
 from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
@@ -99,7 +100,7 @@ def relative_difference(got: np.ndarray, want: np.ndarray, floor: float = 1e-12)
 def example_feeds(name: str, model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
     """Inputs in the architecture's own domain (token ids in range, a padding mask), by the model's input names."""
     torch.manual_seed(seed)
-    inputs = ARCHITECTURES[name].inputs()
+    inputs = architecture(name).inputs()
     initializers = {i.name for i in model.graph.initializer}
     names = [i.name for i in model.graph.input if i.name not in initializers]
     return {n: t.numpy() for n, t in zip(names, inputs, strict=False)}
@@ -132,11 +133,11 @@ def torch_gradients(name: str, label: np.ndarray, dtype: torch.dtype) -> tuple[f
     module, _ = make(name)
     module.train().to(dtype)
     torch.manual_seed(1)
-    inputs = [x.to(dtype) if x.is_floating_point() else x for x in ARCHITECTURES[name].inputs()]
+    inputs = [x.to(dtype) if x.is_floating_point() else x for x in architecture(name).inputs()]
     output = module(*inputs)
     target = torch.from_numpy(label)
     target = target.to(dtype) if target.is_floating_point() else target
-    cross_entropy = ARCHITECTURES[name].loss == "cross-entropy"
+    cross_entropy = architecture(name).loss == "cross-entropy"
     loss = F.cross_entropy(output, target) if cross_entropy else F.mse_loss(output, target)
     loss.backward()
     grads = {k: p.grad.numpy() for k, p in module.named_parameters() if p.grad is not None}
@@ -192,9 +193,20 @@ def training_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
+LIFTED = "*lifted_tensor_*"
+"""How torch.export names a tensor created inside forward (Swin's shifted-window mask values): the dynamo exporter
+writes it as an initializer even with its optimizer off, and a user training the model freezes it."""
+
+
+def lifted_constants(path: Path) -> tuple[str, ...]:
+    """The freeze pattern for the model's lifted constants, if it has any."""
+    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer]
+    return (LIFTED,) if fnmatch.filter(names, LIFTED) else ()
+
+
 def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
-    options = TrainingOptions(loss=ARCHITECTURES[name].loss)
+    options = TrainingOptions(loss=architecture(name).loss, freeze=lifted_constants(path))
     start = time.perf_counter()
     step = prepare(path, mode="train", training=options).proto
     outcome.prepare_seconds = time.perf_counter() - start
@@ -269,13 +281,14 @@ def table(outcomes: list[Outcome]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ARCHITECTURES))
+    parser.add_argument("--more", action="store_true", help="the architectures beyond the matrix instead")
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
     args = parser.parse_args()
     outcomes = []
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.models.split(","):
-            for exporter in args.exporters.split(","):
+        for name in MORE_ARCHITECTURES if args.more else args.models.split(","):
+            for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
                 outcomes.append(check(name, exporter, Path(folder), args.time_limit))
                 print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(outcomes))

@@ -121,7 +121,7 @@ def _differentiable(node: ir.Node, requires: set[ir.Value] | frozenset[ir.Value]
     """The node's inputs that carry a gradient into it (all float inputs for ops without a rule)."""
     rule = RULES.get(node.op_type)
     return [i for pos, i in enumerate(node.inputs)
-            if i is not None and i in requires and (rule is None or rule.differentiates(pos))]
+            if i is not None and i in requires and (rule is None or rule.differentiates(pos, i))]
 
 
 def _loss(model: ir.Model) -> ir.Value:
@@ -168,7 +168,7 @@ def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.
             continue
         rule = RULES.get(node.op_type)
         values |= {i for pos, i in enumerate(node.inputs)
-                   if i is not None and (rule is None or rule.differentiates(pos))}
+                   if i is not None and (rule is None or rule.differentiates(pos, i))}
     stranded = [named(p) for p in candidates if p in values and p not in parameters]
     if not stranded:
         return
@@ -238,7 +238,7 @@ class _Backward:
         e = self.emitter(named(node), self.info.np_dtype(carrying[0]))
         rule = RULES[node.op_type]
         dys = self._output_grads(e, node, rule)
-        needs = [i is not None and i in self.paths.requires and rule.differentiates(pos)
+        needs = [i is not None and i in self.paths.requires and rule.differentiates(pos, i)
                  for pos, i in enumerate(node.inputs)]
         for pos, grad in rule.fn(e, node, dys, needs).items():
             value = node.inputs[pos]

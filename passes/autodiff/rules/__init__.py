@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, shape
+from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, resize, shape
 from onnx_remat.passes.autodiff.rules import elementwise as ew
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
@@ -14,6 +14,9 @@ RULES: dict[str, Rule] = {
     "Mul": Rule(ew.mul, (0, 1)),
     "Div": Rule(ew.div, (0, 1)),
     "Neg": Rule(ew.neg),
+    "Abs": Rule(ew.abs_),
+    "Max": Rule(ew.max_, None),
+    "Min": Rule(ew.min_, None),
     "Where": Rule(ew.where, (1, 2)),
     "Expand": Rule(ew.expand),
     # activations and unary math
@@ -21,8 +24,10 @@ RULES: dict[str, Rule] = {
     "LeakyRelu": Rule(ew.leaky_relu),
     "Sigmoid": Rule(ew.sigmoid),
     "Tanh": Rule(ew.tanh),
-    "Clip": Rule(ew.clip),
+    "Clip": Rule(ew.clip, (0, 1, 2), computed_only=(1, 2)),
     "Erf": Rule(ew.erf),
+    "Sin": Rule(ew.sin),
+    "Cos": Rule(ew.cos),
     "Exp": Rule(ew.exp),
     "Log": Rule(ew.log),
     "Sqrt": Rule(ew.sqrt),
@@ -38,6 +43,13 @@ RULES: dict[str, Rule] = {
     "Softplus": Rule(activation.softplus),
     "Mish": Rule(activation.mish),
     "Elu": Rule(activation.elu),
+    "PRelu": Rule(activation.prelu, (0, 1)),
+    "Selu": Rule(activation.selu),
+    "Celu": Rule(activation.celu),
+    "Sign": Rule(ew.piecewise_constant, ()),
+    "Round": Rule(ew.piecewise_constant, ()),
+    "Floor": Rule(ew.piecewise_constant, ()),
+    "Ceil": Rule(ew.piecewise_constant, ()),
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),
@@ -56,7 +68,13 @@ RULES: dict[str, Rule] = {
     "GlobalAveragePool": Rule(pool.global_average_pool),
     "ReduceMean": Rule(pool.reduce_mean),
     "ReduceSum": Rule(pool.reduce_sum),
-    "ReduceMax": Rule(pool.reduce_max),
+    "ReduceMax": Rule(pool.reduce_extremum),
+    "ReduceMin": Rule(pool.reduce_extremum),
+    "ReduceL1": Rule(pool.reduce_l1),
+    "ReduceL2": Rule(pool.reduce_l2),
+    "ReduceSumSquare": Rule(pool.reduce_sum_square),
+    "ReduceLogSumExp": Rule(pool.reduce_log_sum_exp),
+    "CumSum": Rule(pool.cum_sum),
     # data movement
     "Reshape": Rule(shape.reshape_back),
     "Flatten": Rule(shape.reshape_back),
@@ -68,9 +86,16 @@ RULES: dict[str, Rule] = {
     "Split": Rule(shape.split, outputs=None),
     "Slice": Rule(shape.slice_),
     "Pad": Rule(shape.pad),
+    "Tile": Rule(shape.tile),
+    "DepthToSpace": Rule(shape.depth_to_space),
+    "SpaceToDepth": Rule(shape.space_to_depth),
+    "Resize": Rule(resize.resize),
     # indexing
     "Gather": Rule(gather.gather),
     "GatherElements": Rule(gather.gather_elements),
+    "GatherND": Rule(gather.gather_nd),
+    "ScatterND": Rule(gather.scatter_nd, (0, 2)),
+    "TopK": Rule(gather.top_k),
 }
 
 __all__ = ["RULES", "GradFn", "Rule"]

@@ -13,6 +13,8 @@ from onnx_remat.passes.autodiff.graph_info import attr_float, attr_str, present
 Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 GELU_TANH_CUBIC = 0.044715
+SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+"""Selu's defaults (opset 6)."""
 
 
 def gelu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
@@ -77,4 +79,33 @@ def elu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     """dy where x > 0, dy (y + alpha) elsewhere."""
     x, y, alpha = present(node.inputs[0]), node.outputs[0], attr_float(node, "alpha", 1.0)
     negative = e.op("Mul", dys[0], e.op("Add", y, e.scalar(alpha)))
+    return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}
+
+
+def prelu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x where x > 0, slope * x elsewhere: dx = dy or slope * dy; dslope = dy * x where x <= 0, summed back to the
+    slope's (broadcast) shape."""
+    x, slope = (present(v) for v in node.inputs[:2])
+    positive = e.op("Greater", x, e.scalar(0.0))
+    grads = {}
+    if needs[0]:
+        grads[0] = e.op("Where", positive, dys[0], e.op("Mul", dys[0], slope))
+    if needs[1]:
+        below = e.op("Where", positive, e.scalar(0.0), e.op("Mul", dys[0], x))
+        grads[1] = e.sum_to(below, e.info.shape(node.outputs[0]), e.info.shape(slope))
+    return grads
+
+
+def selu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """gamma dy where x > 0, dy (y + gamma alpha) elsewhere."""
+    x, y = present(node.inputs[0]), node.outputs[0]
+    alpha, gamma = attr_float(node, "alpha", SELU_ALPHA), attr_float(node, "gamma", SELU_GAMMA)
+    negative = e.op("Mul", dys[0], e.op("Add", y, e.scalar(gamma * alpha)))
+    return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), e.scale(dys[0], gamma), negative)}
+
+
+def celu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy where x > 0, dy exp(x / alpha) elsewhere."""
+    x, alpha = present(node.inputs[0]), attr_float(node, "alpha", 1.0)
+    negative = e.op("Mul", dys[0], e.op("Exp", e.scale(x, 1 / alpha)))
     return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}

@@ -21,7 +21,12 @@ class Rule:
     fn: GradFn
     inputs: tuple[int, ...] | None = (0,)  # None: every input
     outputs: int | None = 1  # how many leading outputs' gradients it uses; None: all
+    computed_only: tuple[int, ...] = ()
+    """Input positions differentiated only when a node computes them: an initializer there is a constant, not a
+    parameter (Clip's bounds: ReLU6's 0 and 6 are constants, a clamp by a tensor computed from weights is not)."""
 
-    def differentiates(self, position: int) -> bool:
-        """Whether the rule gives a gradient for the input at `position`."""
+    def differentiates(self, position: int, value: ir.Value) -> bool:
+        """Whether the rule gives a gradient for `value`, the input at `position`."""
+        if position in self.computed_only and value.producer() is None:
+            return False
         return self.inputs is None or position in self.inputs

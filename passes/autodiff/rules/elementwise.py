@@ -93,17 +93,18 @@ def leaky_relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
 
 
 def clip(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy where min <= x <= max (as torch.clamp)."""
+    """dy to x where min <= x <= max, to min where x < min, to max where x > max (as torch.clamp by tensors)."""
     x, bounds = node.inputs[0], [*node.inputs[1:], None, None]
-    inside = []
-    if bounds[0]:
-        inside.append(e.op("GreaterOrEqual", x, bounds[0]))
-    if bounds[1]:
-        inside.append(e.op("LessOrEqual", x, bounds[1]))
-    if not inside:
-        return {0: dys[0]}
-    condition = inside[0] if len(inside) == 1 else e.op("And", *inside)
-    return {0: _mask(e, condition, dys[0])}
+    above_min = e.op("GreaterOrEqual", x, bounds[0]) if bounds[0] else None
+    below_max = e.op("LessOrEqual", x, bounds[1]) if bounds[1] else None
+    inside = [c for c in (above_min, below_max) if c is not None]
+    grads = {}
+    if needs[0]:
+        grads[0] = dys[0] if not inside else _mask(e, inside[0] if len(inside) == 1 else e.op("And", *inside), dys[0])
+    for position, within in ((1, above_min), (2, below_max)):
+        if len(needs) > position and needs[position] and within is not None:
+            grads[position] = _mask(e, e.op("Not", within), dys[0])
+    return _to_inputs(e, node, grads, needs)
 
 
 def sigmoid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
@@ -172,3 +173,43 @@ def where(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.V
     grads = {i: e.op("Where", condition, *branches[i]) for i in (1, 2) if needs[i]}
     return _to_inputs(e, node, grads, needs)
 
+
+
+def abs_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy * sign(x) (zero at x = 0, as torch)."""
+    return {0: e.op("Mul", dys[0], e.op("Sign", node.inputs[0]))}
+
+
+def _extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Max/Min: dy to the inputs equal to the output, shared evenly among ties (as torch.maximum)."""
+    y = node.outputs[0]
+    hits = {i: e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for i, x in enumerate(node.inputs) if needs[i]}
+    count = e.op("Sum", *[e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for x in node.inputs])
+    share = e.op("Div", dys[0], count)
+    return _to_inputs(e, node, {i: e.op("Mul", share, hit) for i, hit in hits.items()}, needs)
+
+
+def max_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy to the largest input(s)."""
+    return _extremum(e, node, dys, needs)
+
+
+def min_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy to the smallest input(s)."""
+    return _extremum(e, node, dys, needs)
+
+
+def sin(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy * cos(x)."""
+    return {0: e.op("Mul", dys[0], e.op("Cos", node.inputs[0]))}
+
+
+def cos(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """-dy * sin(x)."""
+    return {0: e.op("Neg", e.op("Mul", dys[0], e.op("Sin", node.inputs[0])))}
+
+
+def piecewise_constant(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Sign, Round, Floor, Ceil: zero slope almost everywhere (as torch), so no gradient passes (the rule
+    differentiates no input and is never called)."""
+    return {}

@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr
+from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr, present
 from onnx_remat.passes.autodiff.rules.linear import Window, window
 
 Grads = Sequence[ir.Value]
@@ -108,8 +108,9 @@ def reduce_sum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
     return {0: _unreduce(e, node, dys[0], mean=False)}
 
 
-def reduce_max(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy shared evenly among the elements equal to the maximum (as torch.amax), zero elsewhere."""
+def reduce_extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """ReduceMax/ReduceMin: dy shared evenly among the elements equal to the result (as torch.amax), zero
+    elsewhere."""
     x, y = node.inputs[0], node.outputs[0]
     axes = _reduced_axes(e, node)
     if axes is None:
@@ -121,3 +122,39 @@ def reduce_max(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
     ties = e.reduce_sum(hits, axes, keepdims=True)
     share = e.op("Div", _unreduce(e, node, dys[0], mean=False), ties)
     return {0: e.op("Mul", hits, share)}
+
+
+def cum_sum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Each input adds to the sums after it (before it, reversed): dy summed the other way, equally exclusive."""
+    reverse = 1 - attr_int(node, "reverse", 0)
+    return {0: e.op("CumSum", dys[0], node.inputs[1], exclusive=attr_int(node, "exclusive", 0), reverse=reverse)}
+
+
+def _kept(e: Emitter, node: ir.Node, y: ir.Value) -> ir.Value:
+    """A reduction's output with the reduced axes kept (as size 1), to broadcast against the input."""
+    shape, axes = e.info.shape(node.inputs[0]), _reduced_axes(e, node) or []
+    return y if attr_int(node, "keepdims", 1) else e.reshape(y, [1 if a in axes else d for a, d in enumerate(shape)])
+
+
+def reduce_l2(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x dy / y, zero where the norm y is zero (as torch.linalg.vector_norm)."""
+    y = node.outputs[0]
+    zero = e.op("Equal", y, e.scalar(0.0))
+    ratio = e.op("Where", zero, e.scalar(0.0), e.op("Div", dys[0], e.op("Where", zero, e.scalar(1.0), y)))
+    return {0: e.op("Mul", node.inputs[0], _unreduce(e, node, ratio, mean=False))}
+
+
+def reduce_l1(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy sign(x)."""
+    return {0: e.op("Mul", e.op("Sign", node.inputs[0]), _unreduce(e, node, dys[0], mean=False))}
+
+
+def reduce_sum_square(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """2 x dy."""
+    return {0: e.op("Mul", e.scale(present(node.inputs[0]), 2.0), _unreduce(e, node, dys[0], mean=False))}
+
+
+def reduce_log_sum_exp(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy softmax(x) over the reduced axes: dy exp(x - y)."""
+    weights = e.op("Exp", e.op("Sub", node.inputs[0], _kept(e, node, node.outputs[0])))
+    return {0: e.op("Mul", weights, _unreduce(e, node, dys[0], mean=False))}

@@ -87,3 +87,36 @@ def pad(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     dx = e.op("Slice", dys[0], e.ints(starts), e.ints([s + k for s, k in zip(starts, kept, strict=True)]))
     cropped = [max(-p, 0) for p in pads]
     return {0: e.op("Pad", dx, e.ints(cropped)) if any(cropped) else dx}
+
+
+def _unshuffled(e: Emitter, dy: ir.Value, grouped: Sequence[int], perm: Sequence[int],
+                shape: Sequence[int]) -> ir.Value:
+    """Undo reshape(x, grouped) -> Transpose(perm) -> reshape: dy to the transposed shape, back by the inverse
+    permutation, then to the input's shape."""
+    moved = e.reshape(dy, [grouped[p] for p in perm])
+    return e.reshape(e.transpose(moved, np.argsort(perm).tolist()), shape)
+
+
+def depth_to_space(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """A fixed permutation of elements (channel blocks to pixels, DCR or CRD order): dy permuted back."""
+    n, c, h, w = shape = e.info.shape(node.inputs[0])
+    b = attr_int(node, "blocksize")
+    if attr_str(node, "mode", "DCR") == "CRD":
+        return {0: _unshuffled(e, dys[0], [n, c // b**2, b, b, h, w], [0, 1, 4, 2, 5, 3], shape)}
+    return {0: _unshuffled(e, dys[0], [n, b, b, c // b**2, h, w], [0, 3, 4, 1, 5, 2], shape)}
+
+
+def space_to_depth(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """A fixed permutation of elements (pixel blocks to channels): dy permuted back."""
+    n, c, h, w = shape = e.info.shape(node.inputs[0])
+    b = attr_int(node, "blocksize")
+    return {0: _unshuffled(e, dys[0], [n, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4], shape)}
+
+
+def tile(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Every copy's gradient summed: dy split into (repeats, size) per axis, summed over the repeats."""
+    shape = e.info.shape(node.inputs[0])
+    repeats = e.info.static(node.inputs[1]).tolist()
+    split = [d for r, n in zip(repeats, shape, strict=True) for d in (r, n)]
+    summed = e.reduce_sum(e.reshape(dys[0], split), list(range(0, 2 * len(shape), 2)), keepdims=False)
+    return {0: summed}

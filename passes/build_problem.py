@@ -25,7 +25,7 @@ from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.runtime_kept import sharing_nodes
-from onnx_remat.passes.sizes import MMAP_THRESHOLD, TensorInfo
+from onnx_remat.passes.sizes import TensorInfo, on_heap
 
 CUT_SHARE = 0.25
 """A group is split where that lowers its memory by this share of the graph's largest tensor or more (see
@@ -175,16 +175,16 @@ def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.N
 def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], constant: set[str],
                        infos: dict[str, TensorInfo]) -> bool:
     """Whether a group of constant nodes read by several operators is an operator of its own rather than up front:
-    where an output is allocated on its own (MMAP_THRESHOLD), which onnxruntime frees after its last reader (the MSE
-    loss's seed, an Expand to the output's shape read by both gradients of the square, was resident for the whole run:
-    0.79 MiB of GPT's training step). Graph outputs, running statistics (updated in place) and what constant nodes
-    read (they may run up front) stay up front."""
+    where an output is allocated on its own (not on the heap: sizes.on_heap), which onnxruntime frees after its last
+    reader (the MSE loss's seed, an Expand to the output's shape read by both gradients of the square, was resident
+    for the whole run: 0.79 MiB of GPT's training step). Graph outputs, running statistics (updated in place) and what
+    constant nodes read (they may run up front) stay up front."""
     values = [value for name in names for value in nodes[name].outputs if value.name]
     outside = constant - set(names)
     if any(value.is_graph_output() or any(use.node.op_type == "BatchNormalization" or named(use.node) in outside
                                           for use in value.uses()) for value in values):
         return False
-    return any(infos[value.name].allocated_bytes >= MMAP_THRESHOLD for value in values if value.name in infos)
+    return any(not on_heap(infos[value.name].nbytes) for value in values if value.name in infos)
 
 
 def _join_constant_groups(groups: list[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],

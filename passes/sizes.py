@@ -18,6 +18,10 @@ ALIGNED_BLOCK_OVERHEAD = 96
 """Bytes glibc asks for beyond a tensor's data: onnxruntime aligns it to 64 bytes, and an aligned block takes that
 much slack and a minimum chunk (32) more; the data then starts 64 bytes into its first page."""
 DATA_OFFSET = 64
+HEAP_TENSOR_BYTES = 350
+"""Heap bytes a tensor served from glibc's heap takes beyond its data while it lives: its aligned block's slack and
+onnxruntime's Tensor and OrtValue objects. 3000 such tensors live at once in one session (`tools/kept_memory.py
+--fan`) grew the heap by 342 bytes each beyond 64 bytes of data, 362 beyond 1 KiB (mallinfo2, one process)."""
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,22 @@ class TensorInfo:
     @property
     def allocated_bytes(self) -> int:
         """Bytes the tensor takes in onnxruntime's CPU allocator: a block glibc maps on its own takes whole pages,
-        its header in the first (16 KiB of data take 20 KiB); a smaller one its data, in heap pages it shares."""
+        its header in the first (16 KiB of data take 20 KiB); a smaller one its data and HEAP_TENSOR_BYTES, in heap
+        pages it shares."""
         return allocated_bytes(self.nbytes)
 
 
+def on_heap(nbytes: int) -> bool:
+    """Whether onnxruntime's CPU block for `nbytes` of data comes from glibc's heap (else it is mapped on its own)."""
+    return nbytes + ALIGNED_BLOCK_OVERHEAD < MMAP_THRESHOLD
+
+
 def allocated_bytes(nbytes: int) -> int:
-    """Resident bytes of an onnxruntime CPU tensor of `nbytes` (see TensorInfo.allocated_bytes)."""
-    if nbytes + ALIGNED_BLOCK_OVERHEAD < MMAP_THRESHOLD:
-        return nbytes
+    """Resident bytes of an onnxruntime CPU tensor of `nbytes` (see TensorInfo.allocated_bytes); none if empty."""
+    if nbytes == 0:
+        return 0
+    if on_heap(nbytes):
+        return nbytes + HEAP_TENSOR_BYTES
     return -(-(nbytes + DATA_OFFSET) // PAGE_BYTES) * PAGE_BYTES
 
 

@@ -16,9 +16,12 @@ the kernel touches (resident pages), not what it allocates:
   measured 2.0x the output beside it for `bhqd,bhkd->bhqk`, `bhqk,bhkd->bhqd` (the attention forms exporters
   write), `ij,jk->ik` and `bij,bjk->bik`; `bqhd,bkhd->bhqk`, which transposes an input too, measured 2.5x.
 - ScatterElements: its indices copied to an int64 vector: measured 4 MiB beside the output for 512 Ki indices.
-- LSTM, GRU (DeepCPU kernels): every step's gate pre-activations (4 or 3 x hidden per row and step) and a few
-  row x hidden state buffers per direction; a reverse direction also copies its input and output reversed.
-  Measured within 2-5% for batch 2048-4096, 6-12 steps, hidden 16-32, one and two directions.
+- LSTM, GRU (DeepCPU kernels): every step's gate pre-activations (4 or 3 x hidden per row and step), a few
+  row x hidden state buffers and the sequence lengths per direction; a reverse direction also copies its input and
+  output reversed; the final states the node is not asked for (PyTorch's dynamo export asks for Y alone) are
+  written into buffers of its own. Each buffer is allocated on its own (whole pages). Measured within 2-5% for batch
+  2048-4096, 6-12 steps, hidden 16-32, one and two directions; the dynamo-exported LSTM and GRU of the real-model
+  matrix (2048 rows) measured 76-116 KiB under their prediction alone, 140-250 KiB over it before the final states.
 - Sum, Mean, Max, Min of three or more inputs: one output-sized temporary for the running result (measured 1.9x
   the output for 3-6 inputs, with or without broadcasting; none for two).
 - HardSwish: onnxruntime has no kernel for it and runs its function body, HardSigmoid then Mul, whose HardSigmoid
@@ -37,10 +40,11 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.passes.manager import name_of
-from onnx_remat.passes.sizes import TensorInfo
+from onnx_remat.passes.sizes import TensorInfo, allocated_bytes
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 8  # int64
+INT32_BYTES = 4
 PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's GEMM panel
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
@@ -49,6 +53,8 @@ INLINED_OPS = frozenset({"HardSwish"})
 """Ops onnxruntime's CPU provider runs as their function body, with one output-sized intermediate."""
 RECURRENT_GATES = {"LSTM": 4, "GRU": 3}
 """Per recurrent op: gate pre-activations per hidden unit and step, per direction."""
+RECURRENT_FINAL_STATES = {"LSTM": 2, "GRU": 1}
+"""Per recurrent op: its final-state outputs after Y (Y_h and Y_c; Y_h)."""
 
 
 def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 1) -> int:
@@ -71,20 +77,32 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
     if node.op_type in INLINED_OPS:
         return infos[name_of(node.outputs[0])].allocated_bytes
     if node.op_type in RECURRENT_GATES:
-        return FLOAT_BYTES * _recurrent_floats(node, infos)
+        return _recurrent_bytes(node, infos)
     return 0
 
 
-def _recurrent_floats(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
-    """Elements of an LSTM's or GRU's scratch: gates of every step and state rows per direction, the reversed
-    input and output for a second direction."""
+def _recurrent_bytes(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
+    """Bytes of an LSTM's or GRU's scratch buffers, each allocated on its own (`_recurrent_buffers`)."""
+    return sum(allocated_bytes(nbytes) for nbytes in _recurrent_buffers(node, infos))
+
+
+def _recurrent_buffers(node: ir.Node, infos: dict[str, TensorInfo]) -> list[int]:
+    """Byte sizes of the buffers a DeepCPU LSTM or GRU allocates, all held at once (both directions' until the
+    node ends): per direction the gates of every step, the state rows and the sequence lengths (int32 per row), the
+    reversed input and output for the second direction; for the node, the final states it is not asked for (an
+    LSTM's Y_h and Y_c, a GRU's Y_h), which it writes anyway."""
     attrs = node.attributes
     x = infos[name_of(node.inputs[0])].shape
     steps, rows, features = (x[1], x[0], x[2]) if attrs.get_int("layout", 0) else (x[0], x[1], x[2])
     hidden = attrs.get_int("hidden_size", 0)
     directions = 2 if attrs.get_string("direction", "forward") == "bidirectional" else 1
-    per_direction = (RECURRENT_GATES[node.op_type] * steps + _state_buffers(node)) * hidden * rows
-    return directions * per_direction + (directions - 1) * steps * rows * (features + hidden)
+    state = FLOAT_BYTES * rows * hidden
+    per_direction = [RECURRENT_GATES[node.op_type] * steps * state, *[state] * _state_buffers(node),
+                     INT32_BYTES * rows]
+    reversed_copies = [FLOAT_BYTES * steps * rows * features, steps * state] * (directions - 1)
+    final_states = [directions * state for index in range(1, RECURRENT_FINAL_STATES[node.op_type] + 1)
+                    if len(node.outputs) <= index or not name_of(node.outputs[index])]
+    return per_direction * directions + reversed_copies + final_states
 
 
 def _state_buffers(node: ir.Node) -> int:

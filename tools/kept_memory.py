@@ -9,6 +9,11 @@ at the longer one and the slope between them (which would drop a fixed part per 
 figures are page-granular noise of 0-120 KiB). `passes/runtime_kept.py` records the bytes per node at 2000 nodes.
 
     python tools/kept_memory.py --lengths 500,2000 --repeats 5 [--cases Relu,Conv] [--device ort|ov]
+
+With `--fan 8,64,256` it measures instead what tensors served from glibc's heap take beyond their data while they
+live (`sizes.HEAP_TENSOR_BYTES`): one node reads x into N tensors of that many bytes each (ReduceSum over a 16x16
+plane, N the longer length), all live until a Concat; the table gives the measured peak, `run`'s prediction with
+and without the heap term, and the measured bytes per tensor beyond its data.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from onnx_remat.core.devices import Device
 from onnx_remat.core.tags import LAYER_KEY, PREFIX
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
+from onnx_remat.passes.sizes import HEAP_TENSOR_BYTES
 
 SHAPE = (1, 16, 16, 16)  # 4096 floats: 16 KiB
 DEVICES = {"ort": Device("cpu", "onnxruntime", "CPUExecutionProvider", threads=1),
@@ -139,14 +145,51 @@ def kept_bytes(case: Case, units: int, device: Device) -> int:
     return measure_device_peaks(plan, feeds, runs=1).kept_bytes[0]
 
 
+def fan(tensors: int, nbytes: int) -> onnx.ModelProto:
+    """x [1, nbytes/4, 16, 16] read by `tensors` ReduceSum nodes into tensors of `nbytes`, all read by one Concat."""
+    shape = (1, nbytes // 4, 16, 16)
+    nodes = [helper.make_node("ReduceSum", ["x", "plane"], [f"s{k}"], name=f"sum{k}") for k in range(tensors)]
+    nodes.append(helper.make_node("Concat", [f"s{k}" for k in range(tensors)], ["y"], axis=0, name="concat"))
+    for node in nodes:
+        for key, value in ((PREFIX + "device", "cpu"), (PREFIX + "role", "forward"), (LAYER_KEY, "cpu")):
+            node.metadata_props.add(key=key, value=value)
+    graph = helper.make_graph(nodes, "fan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (tensors, shape[1], 1, 1))],
+                              [_tensor("plane", np.array([2, 3], np.int64))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def fan_table(sizes: list[int], tensors: int, repeats: int) -> None:
+    """Measured peak of `fan` against `run`'s prediction with and without HEAP_TENSOR_BYTES, per data size."""
+    table = Table(title=f"{tensors} heap tensors live at once, median of {repeats} fresh processes")
+    for column in ("bytes each", "measured KiB (range)", "predicted KiB", "without the heap term KiB",
+                   "measured bytes/tensor beyond data"):
+        table.add_column(column, justify="right")
+    for nbytes in sizes:
+        model = fan(tensors, nbytes)
+        plan = build_plan(model, (DEVICES["ort"],))
+        feeds = {"x": np.random.default_rng(1).standard_normal((1, nbytes // 4, 16, 16)).astype(np.float32)}
+        peaks = [measure_device_peaks(plan, feeds).peak_bytes[0] for _ in range(repeats)]
+        without = plan.peak_bytes[0] - tensors * HEAP_TENSOR_BYTES
+        beyond = (statistics.median(peaks) - without) / tensors
+        table.add_row(str(nbytes), _kib(peaks), f"{plan.peak_bytes[0] / 1024:.0f}", f"{without / 1024:.0f}",
+                      f"{beyond:.0f}")
+    Console(width=140).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="500,2000", help="two chain lengths, in units")
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per case and length")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--device", choices=sorted(DEVICES), default="ort")
+    parser.add_argument("--fan", default="", help="comma-separated data sizes in bytes (multiples of 4): measure "
+                        "heap tensors live at once instead of chains")
     args = parser.parse_args()
     short, long = (int(n) for n in args.lengths.split(","))
+    if args.fan:
+        fan_table([int(size) for size in args.fan.split(",")], long, args.repeats)
+        return
     wanted = set(filter(None, args.cases.split(",")))
     cases = [case for case in _cases() if not wanted or case.name in wanted]
     device = DEVICES[args.device]

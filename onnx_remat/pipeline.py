@@ -337,7 +337,7 @@ def solve_at(
                        time_limit=_solve_seconds(options.time_limit, started), progress=options.progress,
                        hints=resolved.reached)
     except SolverError as exc:
-        if None in minima:  # not searched: say what the budget is short of
+        if problem.num_devices == 1:  # say what the budget is short of (searched now if it was not)
             raise _short_budget(costed.minima, problem, exc, proof_seconds) from None
         raise
     choice = None
@@ -424,10 +424,10 @@ def _label(problem: Problem, schedule: Schedule) -> str:
 
 
 def _short_budget(minima: Minima, problem: Problem, failure: SolverError, seconds: float) -> RematError:
-    """For one device whose minimum was not searched and no schedule was found: InfeasibleBudgetError if the budget
-    is below the proven minimum, else the solver's error with the smallest budget known to fit."""
+    """For one device where no schedule was found: InfeasibleBudgetError if the budget is below the proven minimum,
+    else the solver's error with the smallest budget known to fit and the proven least (the search's, done once)."""
     minimum = minima.minimum(problem.budgets, 0, seconds)
     if problem.budgets[0] < minimum.lower:
         return below_minimum(problem, 0, problem.budgets[0], minimum.feasible)
     return SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
-                       f"{minimum.feasible} bytes)")
+                       f"{minimum.feasible} bytes; none fits in less than {format_bytes(minimum.lower)})")

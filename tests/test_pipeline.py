@@ -13,11 +13,11 @@ from conftest import conv_chain, skip_net
 import onnx_remat
 from onnx_remat.core.budget import format_bytes
 from onnx_remat.core.devices import get_devices
-from onnx_remat.core.errors import InfeasibleBudgetError, UsageError
+from onnx_remat.core.errors import InfeasibleBudgetError, SolverError, UsageError
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
-from onnx_remat.pipeline import costed_problem, prepare, with_headroom
+from onnx_remat.pipeline import _short_budget, costed_problem, prepare, with_headroom
 
 
 @pytest.mark.parametrize("position", [1.0, 0.5, 0.0])
@@ -155,3 +155,14 @@ def test_a_budget_at_the_found_minimum_always_has_its_schedule():
     result = onnx_remat.remat(conv_chain(depth=4, size=8), "min", mode="train", time_limit=0.5)
     assert result.report.predicted_peak_bytes <= result.report.budget_bytes
     check_schedule(result.problem, result.schedule)
+
+
+def test_no_schedule_found_states_the_smallest_budget_known_to_fit_and_the_proven_least():
+    """When the solver finds no schedule at a budget the search could not refuse, the error says what to ask for,
+    whether or not the minimum was searched before (with --report it was, and the error said only 'raise it')."""
+    costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
+    minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
+    problem = replace(costed.problem, budgets=(minimum.lower,))
+    error = _short_budget(costed.minima, problem, SolverError("no schedule"), 10.0)
+    assert isinstance(error, SolverError)
+    assert f"{minimum.feasible} bytes" in str(error) and format_bytes(minimum.lower) in str(error)

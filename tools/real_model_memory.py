@@ -185,7 +185,7 @@ def main() -> None:
     print(lines[0], file=sys.stderr)
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
-            for exporter in args.exporters.split(","):
+            for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
                 batch = args.batch or BATCHES.get(name, 32)
                 path = export(name, exporter, Path(folder) / f"{name}.{exporter}.onnx", batch=batch)
                 for mode in args.modes.split(","):

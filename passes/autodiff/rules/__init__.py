@@ -15,8 +15,8 @@ RULES: dict[str, Rule] = {
     "Div": Rule(ew.div, (0, 1)),
     "Neg": Rule(ew.neg),
     "Abs": Rule(ew.abs_),
-    "Max": Rule(ew.max_, None),
-    "Min": Rule(ew.min_, None),
+    "Max": Rule(ew.extremum, None),
+    "Min": Rule(ew.extremum, None),
     "Where": Rule(ew.where, (1, 2)),
     "Expand": Rule(ew.expand),
     # activations and unary math

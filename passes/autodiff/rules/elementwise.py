@@ -174,29 +174,17 @@ def where(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.V
     return _to_inputs(e, node, grads, needs)
 
 
-
 def abs_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dy * sign(x) (zero at x = 0, as torch)."""
     return {0: e.op("Mul", dys[0], e.op("Sign", node.inputs[0]))}
 
 
-def _extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+def extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Max/Min: dy to the inputs equal to the output, shared evenly among ties (as torch.maximum)."""
     y = node.outputs[0]
-    hits = {i: e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for i, x in enumerate(node.inputs) if needs[i]}
-    count = e.op("Sum", *[e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for x in node.inputs])
-    share = e.op("Div", dys[0], count)
-    return _to_inputs(e, node, {i: e.op("Mul", share, hit) for i, hit in hits.items()}, needs)
-
-
-def max_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy to the largest input(s)."""
-    return _extremum(e, node, dys, needs)
-
-
-def min_(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy to the smallest input(s)."""
-    return _extremum(e, node, dys, needs)
+    hits = [e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for x in node.inputs]
+    share = e.op("Div", dys[0], e.op("Sum", *hits))
+    return _to_inputs(e, node, {i: e.op("Mul", share, hit) for i, hit in enumerate(hits) if needs[i]}, needs)
 
 
 def sin(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:

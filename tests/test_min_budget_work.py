@@ -86,5 +86,4 @@ def test_a_solve_without_time_starts_from_the_eviction_heuristic_at_the_budget()
     assert evicting is not None
     result = solve(problem, "auto", time_limit=1e-3)
     check_schedule(problem, result.schedule)
-    assert result.status == "heuristic"
     assert result.objective <= check_schedule(problem, evicting).total_cost + 1e-12

@@ -248,6 +248,20 @@ ELEMENTWISE = [
     Case("Selu", [rand(3, 4)], F.selu),
     Case("Celu", [rand(3, 4)], lambda a: F.celu(a, 0.7), {"alpha": 0.7}, finite_differences=False),  # float32 only
     Case("Cos", [rand(3, 4)], torch.cos),
+    Case("Tan", [rand(3, 4)], torch.tan),
+    Case("Asin", [rand(3, 4, low=-0.5)], torch.asin),
+    Case("Acos", [rand(3, 4, low=-0.5)], torch.acos),
+    Case("Atan", [rand(3, 4) * 2], torch.atan),
+    Case("Sinh", [rand(3, 4)], torch.sinh),
+    Case("Cosh", [rand(3, 4)], torch.cosh),
+    Case("Asinh", [rand(3, 4) * 2], torch.asinh),
+    Case("Acosh", [rand(3, 4, low=1.5)], torch.acosh),
+    Case("Atanh", [rand(3, 4, low=-0.5)], torch.atanh),
+    Case("Mean", [rand(2, 3, 4), rand(3, 1), rand(4)], lambda a, b, c: (a + b + c) / 3),
+    Case("Softsign", [rand(3, 4) * 2], F.softsign),
+    Case("Shrink", [rand(3, 4) * 2], lambda x: F.softshrink(x, 0.7), {"lambd": 0.7, "bias": 0.7}),
+    Case("Shrink", [rand(3, 4) * 2], lambda x: F.hardshrink(x, 0.5)),
+    Case("ThresholdedRelu", [rand(3, 4) * 2], lambda x: F.threshold(x, 0.4, 0.0), {"alpha": 0.4}),
 ]
 
 
@@ -629,10 +643,10 @@ def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
 
 
 def test_unsupported_ops_are_listed_once() -> None:
-    nodes = [helper.make_node("Atan", ["w"], ["a"], name="arctan"), helper.make_node("Sinh", ["a"], ["b"], name="sinh"),
+    nodes = [helper.make_node("Det", ["w"], ["a"], name="det"), helper.make_node("Hardmax", ["a"], ["b"], name="hmax"),
              helper.make_node("Relu", ["b"], ["output"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [3])],
-                              [numpy_helper.from_array(np.ones(3, np.float32), "w")])
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2])],
+                              [numpy_helper.from_array(rand(2, 3, 3).astype(np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"Atan \(e.g. node 'arctan'\).*Sinh \(e.g. node 'sinh'\)"):
+    with pytest.raises(ModelError, match=r"Det \(e.g. node 'det'\).*Hardmax \(e.g. node 'hmax'\)"):
         step_as_proto(model, loss="sum")

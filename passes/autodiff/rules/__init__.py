@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, resize, shape
+from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, resize, shape, trig
 from onnx_remat.passes.autodiff.rules import elementwise as ew
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
@@ -11,6 +11,7 @@ RULES: dict[str, Rule] = {
     "Add": Rule(ew.add, (0, 1)),
     "Sub": Rule(ew.sub, (0, 1)),
     "Sum": Rule(ew.sum_, None),
+    "Mean": Rule(ew.mean, None),
     "Mul": Rule(ew.mul, (0, 1)),
     "Div": Rule(ew.div, (0, 1)),
     "Neg": Rule(ew.neg),
@@ -26,8 +27,17 @@ RULES: dict[str, Rule] = {
     "Tanh": Rule(ew.tanh),
     "Clip": Rule(ew.clip, (0, 1, 2), computed_only=(1, 2)),
     "Erf": Rule(ew.erf),
-    "Sin": Rule(ew.sin),
-    "Cos": Rule(ew.cos),
+    "Sin": Rule(trig.sin),
+    "Cos": Rule(trig.cos),
+    "Tan": Rule(trig.tan),
+    "Asin": Rule(trig.asin),
+    "Acos": Rule(trig.acos),
+    "Atan": Rule(trig.atan),
+    "Sinh": Rule(trig.sinh),
+    "Cosh": Rule(trig.cosh),
+    "Asinh": Rule(trig.asinh),
+    "Acosh": Rule(trig.acosh),
+    "Atanh": Rule(trig.atanh),
     "Exp": Rule(ew.exp),
     "Log": Rule(ew.log),
     "Sqrt": Rule(ew.sqrt),
@@ -46,6 +56,9 @@ RULES: dict[str, Rule] = {
     "PRelu": Rule(activation.prelu, (0, 1)),
     "Selu": Rule(activation.selu),
     "Celu": Rule(activation.celu),
+    "Softsign": Rule(activation.softsign),
+    "Shrink": Rule(activation.shrink),
+    "ThresholdedRelu": Rule(activation.thresholded_relu),
     "Sign": Rule(ew.piecewise_constant, ()),
     "Round": Rule(ew.piecewise_constant, ()),
     "Floor": Rule(ew.piecewise_constant, ()),

@@ -409,6 +409,30 @@ NORMS = [
     Case("LogSoftmax", [rand(2, 3, 4)], lambda x: F.log_softmax(x, -1)),
 ]
 
+LABELS = np.array([0, 4, 2])
+SPATIAL_LABELS = np.array([[0, 1, 3], [1, 1, 2]])  # (N, d) for scores (N, C=4, d)
+LOSSES = [  # Class weights are constants (torch's weight= is no parameter), so detached in torch.
+    Case("SoftmaxCrossEntropyLoss", [rand(3, 5), LABELS], lambda x, t: F.cross_entropy(x, t)),
+    Case("SoftmaxCrossEntropyLoss", [rand(2, 4, 3), SPATIAL_LABELS, rand(4, low=0.5)],
+         lambda x, t, w: F.cross_entropy(x, t, w.detach(), ignore_index=1), {"ignore_index": 1}),
+    Case("SoftmaxCrossEntropyLoss", [rand(3, 5), LABELS],
+         lambda x, t: (F.cross_entropy(x, t, reduction="sum"), F.log_softmax(x, 1)), {"reduction": "sum"}, n_out=2),
+    Case("SoftmaxCrossEntropyLoss", [rand(4, 5), np.array([0, -100, 3, 2])],
+         lambda x, t: F.cross_entropy(x, t, reduction="none"), {"reduction": "none", "ignore_index": -100}),
+    Case("SoftmaxCrossEntropyLoss", [rand(3, 5), LABELS], lambda x, t: F.cross_entropy(x, t), opset=13),
+    Case("NegativeLogLikelihoodLoss", [rand(3, 5), LABELS, rand(5, low=0.5)],
+         lambda x, t, w: F.nll_loss(x, t, w.detach())),
+    Case("NegativeLogLikelihoodLoss", [rand(2, 4, 3), SPATIAL_LABELS],
+         lambda x, t: F.nll_loss(x, t, ignore_index=2, reduction="none"), {"reduction": "none", "ignore_index": 2}),
+    Case("NegativeLogLikelihoodLoss", [rand(3, 5), LABELS], lambda x, t: F.nll_loss(x, t, reduction="sum"),
+         {"reduction": "sum"}, opset=22),
+]
+
+
+@pytest.mark.parametrize("case", LOSSES, ids=repr)
+def test_loss(case: Case) -> None:
+    check(case)
+
 
 @pytest.mark.parametrize("case", NORMS, ids=repr)
 def test_norm(case: Case) -> None:
@@ -591,7 +615,7 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + NORMS + POOLS + SHAPES + RESIZES + EINSUMS
+    cases = ELEMENTWISE + NORMS + LOSSES + POOLS + SHAPES + RESIZES + EINSUMS
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose", "Sign", "Round", "Floor", "Ceil"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 

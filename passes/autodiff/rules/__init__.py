@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from onnx_remat.passes.autodiff.rules import activation, einsum, gather, linear, norm, pool, resize, shape, trig
+from onnx_remat.passes.autodiff.rules import (
+    activation,
+    einsum,
+    gather,
+    linear,
+    losses,
+    norm,
+    pool,
+    resize,
+    shape,
+    trig,
+)
 from onnx_remat.passes.autodiff.rules import elementwise as ew
 from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
 
@@ -75,6 +86,9 @@ RULES: dict[str, Rule] = {
     "LayerNormalization": Rule(norm.layer_norm, (0, 1, 2)),
     "Softmax": Rule(norm.softmax),
     "LogSoftmax": Rule(norm.log_softmax),
+    # losses inside the model
+    "NegativeLogLikelihoodLoss": Rule(losses.negative_log_likelihood),
+    "SoftmaxCrossEntropyLoss": Rule(losses.softmax_cross_entropy, outputs=None),
     # pooling and reductions
     "MaxPool": Rule(pool.max_pool),
     "AveragePool": Rule(pool.average_pool),

@@ -174,6 +174,10 @@ def torch_grads(case: Case) -> dict[str, np.ndarray]:
     return {f"grad.in{i}": t.grad.numpy() for i, t in enumerate(tensors) if t is not None and t.grad is not None}
 
 
+ONNXRUNTIME_ONLY = {"Dropout": "OpenVINO cannot load Dropout in training mode",
+                    "CumProd": "OpenVINO 2026.4 has no CumProd"}
+
+
 def check_runtimes(case: Case) -> float:
     """The float32 training graph in onnxruntime and OpenVINO vs torch autograd."""
     model = case_model(case, np.float32)
@@ -182,8 +186,7 @@ def check_runtimes(case: Case) -> float:
     expected = torch_grads(case)
     assert set(training.gradients) == set(expected), f"{case}: gradients {training.gradients} vs {list(expected)}"
     worst = 0.0
-    # OpenVINO cannot load Dropout in training mode
-    for runtime in (run_ort,) if case.op == "Dropout" else (run_ort, run_openvino):
+    for runtime in (run_ort,) if case.op in ONNXRUNTIME_ONLY else (run_ort, run_openvino):
         got = runtime(training.model)
         for name, value in expected.items():
             worst = max(worst, rel_err(got[name], value))
@@ -485,6 +488,26 @@ POOLS = [
     # OpenVINO reads opset 13's ReduceLogSumExp (axes an attribute) as reducing everything: the opset-18 form here.
     Case("ReduceLogSumExp", [rand(2, 3, 4), ints(-1)], lambda x, a: x.logsumexp(-1), {"keepdims": 0}, opset=18),
     Case("ReduceLogSumExp", [rand(2, 3, 4), ints(1)], lambda x, a: x.logsumexp(1, keepdim=True), opset=18),
+    Case("GlobalMaxPool", [rand(2, 3, 4, 5)], lambda x: F.adaptive_max_pool2d(x, 1)),
+    Case("ReduceProd", [rand(2, 3, 4, low=0.5)], lambda x: x.prod(1), {"axes": [1], "keepdims": 0}),
+    # Zeros: one in a row (its gradient is the others' product), two in a row (all zero), none.
+    Case("ReduceProd", [np.array([[0.5, 0.0, 2.0], [0.0, 3.0, 0.0], [1.5, -2.0, 0.5]]), ints(1)],
+         lambda x, a: x.prod(1, keepdim=True), opset=18, finite_differences=False),
+    Case("ReduceProd", [rand(2, 3, 4, low=0.5), ints(0, 2)], lambda x, a: x.prod(2).prod(0), {"keepdims": 0},
+         opset=18),
+    # OpenVINO reads opset 13's ReduceLogSum as reducing everything, as ReduceLogSumExp: the opset-18 form here.
+    Case("ReduceLogSum", [rand(2, 3, 4, low=0.5), ints(-1)], lambda x, a: x.sum(-1).log(), {"keepdims": 0},
+         opset=18),
+    Case("ReduceLogSum", [rand(2, 3, 4, low=0.5), ints(0, 1)], lambda x, a: x.sum((0, 1), keepdim=True).log(),
+         opset=18),
+    Case("CumProd", [rand(2, 5, 3), np.array(1)], lambda x, a: x.cumprod(1), opset=26),
+    Case("CumProd", [np.array([[0.5, 0.0, 2.0, 0.0], [1.5, 3.0, 0.0, -1.0]]), np.array(-1)],
+         lambda x, a: x.flip(1).cumprod(1).flip(1), {"reverse": 1}, opset=26, finite_differences=False),
+    Case("CumProd", [rand(4, 3), np.array(0)],
+         lambda x, a: torch.cat([torch.ones(1, 3, dtype=x.dtype), x[:-1].cumprod(0)]), {"exclusive": 1}, opset=26),
+    Case("CumProd", [np.array([[0.5, 0.0, 2.0, 3.0]]), np.array(1)],
+         lambda x, a: torch.cat([x[:, 1:].flip(1).cumprod(1).flip(1), torch.ones(1, 1, dtype=x.dtype)], 1),
+         {"exclusive": 1, "reverse": 1}, opset=26, finite_differences=False),
     Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
     Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
     Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,
@@ -536,6 +559,13 @@ SHAPES = [
     Case("ScatterND", [rand(4, 3), np.array([[1, 2], [1, 2], [0, 0]]), rand(3)],
          lambda d, i, u: d.index_put((torch.tensor([1, 1, 0]), torch.tensor([2, 2, 0])), u, accumulate=True),
          {"reduction": "add"}, opset=18),
+    # ScatterElements (torch.scatter, scatter_add): written-over data gets no gradient; added-to data all of it.
+    Case("ScatterElements", [rand(3, 4), np.array([[1, 0], [3, 2], [0, -1]]), rand(3, 2)],
+         lambda d, i, u: d.scatter(1, torch.tensor([[1, 0], [3, 2], [0, 3]]), u), {"axis": 1}),
+    Case("ScatterElements", [rand(4, 3), np.array([[1, 2, 1], [1, 0, 3]]), rand(2, 3)],
+         lambda d, i, u: d.scatter_add(0, torch.tensor(i), u), {"reduction": "add"}, opset=18),
+    Case("ScatterElements", [rand(4, 3), np.array([[1, 2, 1]]), rand(1, 3)],
+         lambda d, i, u: d.scatter(0, torch.tensor(i), u), opset=13),
     Case("TopK", [rand(3, 6), ints(2)], lambda x, k: x.topk(2, dim=1).values, {"axis": 1}, n_out=2),
     Case("TopK", [rand(4, 3), ints(3)], lambda x, k: x.topk(3, dim=0, largest=False).values,
          {"axis": 0, "largest": 0}, n_out=2),

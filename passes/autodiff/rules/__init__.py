@@ -93,6 +93,7 @@ RULES: dict[str, Rule] = {
     "MaxPool": Rule(pool.max_pool),
     "AveragePool": Rule(pool.average_pool),
     "GlobalAveragePool": Rule(pool.global_average_pool),
+    "GlobalMaxPool": Rule(pool.global_max_pool),
     "ReduceMean": Rule(pool.reduce_mean),
     "ReduceSum": Rule(pool.reduce_sum),
     "ReduceMax": Rule(pool.reduce_extremum),
@@ -101,7 +102,10 @@ RULES: dict[str, Rule] = {
     "ReduceL2": Rule(pool.reduce_l2),
     "ReduceSumSquare": Rule(pool.reduce_sum_square),
     "ReduceLogSumExp": Rule(pool.reduce_log_sum_exp),
+    "ReduceLogSum": Rule(pool.reduce_log_sum),
+    "ReduceProd": Rule(pool.reduce_prod),
     "CumSum": Rule(pool.cum_sum),
+    "CumProd": Rule(pool.cum_prod),
     # data movement
     "Reshape": Rule(shape.reshape_back),
     "Flatten": Rule(shape.reshape_back),
@@ -122,6 +126,7 @@ RULES: dict[str, Rule] = {
     "GatherElements": Rule(gather.gather_elements),
     "GatherND": Rule(gather.gather_nd),
     "ScatterND": Rule(gather.scatter_nd, (0, 2)),
+    "ScatterElements": Rule(gather.scatter_elements, (0, 2)),
     "TopK": Rule(gather.top_k),
 }
 

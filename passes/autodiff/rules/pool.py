@@ -158,3 +158,58 @@ def reduce_log_sum_exp(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> d
     """dy softmax(x) over the reduced axes: dy exp(x - y)."""
     weights = e.op("Exp", e.op("Sub", node.inputs[0], _kept(e, node, node.outputs[0])))
     return {0: e.op("Mul", weights, _unreduce(e, node, dys[0], mean=False))}
+
+
+def global_max_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy shared evenly among each channel's elements equal to its maximum (as ReduceMax), zero elsewhere."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = e.info.shape(x)
+    hits = e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(x))
+    ties = e.reduce_sum(hits, list(range(2, len(shape))), keepdims=True)
+    return {0: e.op("Mul", hits, e.op("Div", dys[0], ties))}
+
+
+def reduce_prod(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy times the product of the other elements, exact with zeros (as torch.prod): with p the product of the
+    nonzero elements and z the count of zeros, y/x = p/x where z = 0; at the zero, p where z = 1; else 0."""
+    axes = _reduced_axes(e, node)
+    if axes is None:
+        return {0: dys[0]}
+    x = node.inputs[0]
+    zero = e.op("Equal", x, e.scalar(0.0))
+    nonzero = e.op("Where", zero, e.scalar(1.0), x)
+    product = e.reduce("ReduceProd", nonzero, axes, keepdims=True)
+    zeros = e.reduce_sum(e.op("Cast", zero, to=e.info.dtype(x)), axes, keepdims=True)
+    at_zero = e.op("Where", e.op("Equal", zeros, e.scalar(1.0)), product, e.scalar(0.0))
+    elsewhere = e.op("Where", e.op("Equal", zeros, e.scalar(0.0)), e.op("Div", product, nonzero), e.scalar(0.0))
+    return {0: e.op("Mul", e.op("Where", zero, at_zero, elsewhere), _unreduce(e, node, dys[0], mean=False))}
+
+
+def reduce_log_sum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """dy / sum(x) = dy exp(-y), broadcast over the reduced axes."""
+    weights = e.op("Exp", e.op("Neg", _kept(e, node, node.outputs[0])))
+    return {0: e.op("Mul", _unreduce(e, node, dys[0], mean=False), weights)}
+
+
+def cum_prod(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """CumProd (opset 26), exact with zeros: dx_j = sum over the products y_i that include x_j of dy_i y_i / x_j,
+    written without dividing as sum_i dy_i prod_{k <= i, k != j} x_k. Along a new axis j, x with x_j replaced by 1
+    goes through the same CumProd, so each output reads without dividing; a mask keeps the outputs that include x_j.
+    Takes n times the input's memory for an axis of length n."""
+    x, axis_input = node.inputs[0], node.inputs[1]
+    shape = e.info.shape(x)
+    axis = int(e.info.static(axis_input)) % len(shape)
+    n, rank = shape[axis], len(shape)
+    exclusive, reverse = attr_int(node, "exclusive", 0), attr_int(node, "reverse", 0)
+    positions = np.arange(n)
+    own = positions[:, None] == positions[None, :]  # [j, i]: i is j
+    order = (positions[None, :] <= positions[:, None]) if reverse else (positions[None, :] >= positions[:, None])
+    includes = order & ~own if exclusive else order  # [j, i]: output i's product includes x_j
+    # Shapes with the new axis j in front: x becomes [1, ...], masks [n, 1.., n at axis, 1..].
+    mask_shape = [n, *[n if a == axis else 1 for a in range(rank)]]
+    others = e.op("Where", e.const(own.reshape(mask_shape)), e.scalar(1.0), e.op("Unsqueeze", x, e.ints([0])))
+    partial = e.op("CumProd", others, e.const(np.array(axis + 1)), exclusive=exclusive, reverse=reverse)
+    weighted = e.op("Mul", partial, e.op("Unsqueeze", dys[0], e.ints([0])))
+    picked = e.op("Where", e.const(includes.reshape(mask_shape)), weighted, e.scalar(0.0))
+    summed = e.reduce_sum(picked, [axis + 1], keepdims=False)  # [j, rest of x's axes]
+    return {0: e.transpose(summed, [*range(1, axis + 1), 0, *range(axis + 1, rank)])}

@@ -12,7 +12,7 @@ Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 
 
-def _square(e: Emitter, x: ir.Value) -> ir.Value:
+def _square(e: Emitter, x: ir.Value | None) -> ir.Value:
     return e.op("Mul", x, x)
 
 
@@ -36,7 +36,7 @@ def atan(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Va
     return {0: e.op("Div", dys[0], e.op("Add", e.scalar(1.0), _square(e, node.inputs[0])))}
 
 
-def _one_minus_square_root(e: Emitter, x: ir.Value) -> ir.Value:
+def _one_minus_square_root(e: Emitter, x: ir.Value | None) -> ir.Value:
     return e.op("Sqrt", e.op("Sub", e.scalar(1.0), _square(e, x)))
 
 

@@ -47,6 +47,7 @@ class Case:
     attrs: dict = field(default_factory=dict)
     n_out: int = 1
     finite_differences: bool = True  # False where onnx's reference runtime lacks the op's forward
+    openvino: bool = True  # False where OpenVINO cannot load or miscomputes the op's forward
     opset: int = 17
 
     def __repr__(self) -> str:
@@ -88,13 +89,11 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
              for n, a in zip(names, case.inputs, strict=True) if a is not None]
     outs = [f"out{j}" for j in range(case.n_out)]
     node = helper.make_node(case.op, names, outs, name="op", **case.attrs)
-    graph = helper.make_graph([node], "case", [], [helper.make_tensor_value_info(o, 0, None) for o in outs], inits)
+    graph = helper.make_graph([node], "case", [], [onnx.ValueInfoProto(name=o) for o in outs], inits)
     opset = [helper.make_opsetid("", case.opset)]
-    inferred = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=opset), strict_mode=True)
+    alone = helper.make_model(graph, opset_imports=opset, ir_version=helper.find_min_ir_version_for(opset))
     nodes, partials = [node], []
-    for j, value in enumerate(inferred.graph.output):
-        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        elem = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+    for j, (shape, elem) in enumerate(output_types(alone)):
         if elem.kind != "f":
             continue  # an index output (TopK's) carries no gradient
         inits.append(numpy_helper.from_array(rand(*shape, seed=100 + j).astype(elem), f"probe{j}"))
@@ -102,9 +101,19 @@ def case_model(case: Case, dtype: type) -> onnx.ModelProto:
         nodes.append(helper.make_node("ReduceSum", [f"weighted{j}"], [f"part{j}"], name=f"sum{j}", keepdims=0))
         partials.append(f"part{j}")
     nodes.append(helper.make_node("Sum", partials, ["output"], name="total"))
-    out_type = inferred.graph.output[0].type.tensor_type.elem_type
+    out_type = helper.np_dtype_to_tensor_dtype(output_types(alone)[0][1])
     graph = helper.make_graph(nodes, "case", [], [helper.make_tensor_value_info("output", out_type, [])], inits)
     return helper.make_model(graph, opset_imports=opset, ir_version=helper.find_min_ir_version_for(opset))
+
+
+def output_types(model: onnx.ModelProto) -> list[tuple[list[int], np.dtype]]:
+    """Each output's shape and element type, by onnx's shape inference; by running the model in onnxruntime where
+    inference leaves them unknown (it does not type GroupNormalization)."""
+    inferred = shape_inference.infer_shapes(model, strict_mode=True).graph.output
+    if all(value.type.tensor_type.elem_type for value in inferred):
+        return [([d.dim_value for d in value.type.tensor_type.shape.dim],
+                 helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)) for value in inferred]
+    return [(list(array.shape), array.dtype) for array in run_ort(model).values()]
 
 
 def probes(model: onnx.ModelProto) -> list[str]:
@@ -164,18 +173,14 @@ def check_finite_differences(case: Case) -> float:
 
 def torch_grads(case: Case) -> dict[str, np.ndarray]:
     """Gradients of sum(probe_j * out_j) w.r.t. every float input, by torch autograd in float64."""
-    model = case_model(case, np.float64)
+    model = case_model(case, np.float32)  # the probes the runtimes use (float64 models of function ops do not type)
     tensors = [None if a is None else torch.tensor(a, requires_grad=is_float(a)) for a in case.inputs]
     outs = case.torch_fn(*tensors)
     outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    total = sum((out * torch.tensor(values[f"probe{j}"])).sum() for j, out in enumerate(outs))
+    total = sum((out * torch.tensor(values[f"probe{j}"], dtype=torch.float64)).sum() for j, out in enumerate(outs))
     total.backward()
     return {f"grad.in{i}": t.grad.numpy() for i, t in enumerate(tensors) if t is not None and t.grad is not None}
-
-
-ONNXRUNTIME_ONLY = {"Dropout": "OpenVINO cannot load Dropout in training mode",
-                    "CumProd": "OpenVINO 2026.4 has no CumProd"}
 
 
 def check_runtimes(case: Case) -> float:
@@ -186,7 +191,7 @@ def check_runtimes(case: Case) -> float:
     expected = torch_grads(case)
     assert set(training.gradients) == set(expected), f"{case}: gradients {training.gradients} vs {list(expected)}"
     worst = 0.0
-    for runtime in (run_ort,) if case.op in ONNXRUNTIME_ONLY else (run_ort, run_openvino):
+    for runtime in (run_ort, run_openvino) if case.openvino else (run_ort,):
         got = runtime(training.model)
         for name, value in expected.items():
             worst = max(worst, rel_err(got[name], value))
@@ -232,7 +237,7 @@ ELEMENTWISE = [
     Case("CastLike", [rand(3, 4), np.zeros(1)], lambda a, like: a),
     Case("Where", [rand(3, 4) > 0, rand(3, 4), rand(4)], torch.where),
     Case("Expand", [rand(3, 1), ints(2, 3, 4)], lambda a, s: a.expand(2, 3, 4)),
-    Case("Dropout", [rand(3, 4), np.array(0.0)], lambda a, r: a),
+    Case("Dropout", [rand(3, 4), np.array(0.0)], lambda a, r: a, openvino=False),  # OpenVINO: inference only
     # onnx's reference runs Gelu through its function body, whose Erf is float32: no finite differences.
     Case("Gelu", [rand(3, 4)], F.gelu, finite_differences=False, opset=20),
     Case("Gelu", [rand(3, 4)], lambda a: F.gelu(a, approximate="tanh"), {"approximate": "tanh"}, opset=20),
@@ -410,6 +415,26 @@ NORMS = [
          lambda x, s, b, m, v: F.batch_norm(x, m.detach().clone(), v.detach().clone(), s, b, True, 0.1, 1e-5),
          {"epsilon": 1e-5}, opset=18),
     Case("LogSoftmax", [rand(2, 3, 4)], lambda x: F.log_softmax(x, -1)),
+    # OpenVINO's LRN differs from onnxruntime's and torch's forward (by 0.49 on the case below).
+    # onnx's function bodies of GroupNormalization and MeanVarianceNormalization do not type-check in float64, and
+    # its reference LpNormalization (p=1 sums x, not |x|) and LRN (windows over the batch axis) are wrong: those
+    # cases are checked against torch alone.
+    Case("GroupNormalization", [rand(2, 6, 3, 4), rand(6, low=0.5), rand(6)],
+         lambda x, s, b: F.group_norm(x, 3, s, b, 1e-5), {"num_groups": 3, "epsilon": 1e-5}, opset=21,
+         finite_differences=False),
+    Case("LpNormalization", [rand(2, 3, 4)], lambda x: F.normalize(x, 2.0, -1)),
+    # OpenVINO reads opset 13's ReduceL1 (in the gradient) as reducing everything: the opset-18 form here.
+    Case("LpNormalization", [rand(2, 3, 4)], lambda x: F.normalize(x, 1.0, 1), {"axis": 1, "p": 1},
+         finite_differences=False, opset=18),
+    Case("LpNormalization", [rand(2, 3, 4)], lambda x: F.normalize(x, 2.0, 0), {"axis": 0}, opset=22),
+    Case("MeanVarianceNormalization", [rand(2, 3, 4, 5)],
+         lambda x: (x - x.mean((0, 2, 3), True)) / x.var((0, 2, 3), unbiased=False, keepdim=True).sqrt(),
+         {"axes": [0, 2, 3]}, finite_differences=False),
+    Case("MeanVarianceNormalization", [rand(2, 3, 4)],
+         lambda x: (x - x.mean(-1, True)) / x.var(-1, unbiased=False, keepdim=True).sqrt(), {"axes": [-1]},
+         finite_differences=False),
+    Case("LRN", [rand(2, 7, 3, 4)], lambda x: F.local_response_norm(x, 3, 0.1, 0.75, 1.5),
+         {"size": 3, "alpha": 0.1, "beta": 0.75, "bias": 1.5}, finite_differences=False, openvino=False),
 ]
 
 LABELS = np.array([0, 4, 2])
@@ -440,6 +465,15 @@ def test_loss(case: Case) -> None:
 @pytest.mark.parametrize("case", NORMS, ids=repr)
 def test_norm(case: Case) -> None:
     check(case)
+
+
+
+def test_group_norm_per_group_scale_is_refused_naming_the_node() -> None:
+    """Opset 18's per-group scale and bias (deprecated; the checker refuses the node) have no rule."""
+    model = case_model(Case("GroupNormalization", [rand(2, 6, 5), rand(2, low=0.5), rand(2)], None,
+                            {"num_groups": 2}, opset=18), np.float32)
+    with pytest.raises(ModelError, match="GroupNormalization 'op'.*opset 21"):
+        step_as_proto(model, loss="sum", freeze=probes(model))
 
 
 # Pooling and reductions.
@@ -500,14 +534,17 @@ POOLS = [
          opset=18),
     Case("ReduceLogSum", [rand(2, 3, 4, low=0.5), ints(0, 1)], lambda x, a: x.sum((0, 1), keepdim=True).log(),
          opset=18),
-    Case("CumProd", [rand(2, 5, 3), np.array(1)], lambda x, a: x.cumprod(1), opset=26),
+    # OpenVINO 2026.4 has no CumProd.
+    Case("CumProd", [rand(2, 5, 3), np.array(1)], lambda x, a: x.cumprod(1), opset=26, openvino=False),
     Case("CumProd", [np.array([[0.5, 0.0, 2.0, 0.0], [1.5, 3.0, 0.0, -1.0]]), np.array(-1)],
-         lambda x, a: x.flip(1).cumprod(1).flip(1), {"reverse": 1}, opset=26, finite_differences=False),
+         lambda x, a: x.flip(1).cumprod(1).flip(1), {"reverse": 1}, opset=26, finite_differences=False,
+         openvino=False),
     Case("CumProd", [rand(4, 3), np.array(0)],
-         lambda x, a: torch.cat([torch.ones(1, 3, dtype=x.dtype), x[:-1].cumprod(0)]), {"exclusive": 1}, opset=26),
+         lambda x, a: torch.cat([torch.ones(1, 3, dtype=x.dtype), x[:-1].cumprod(0)]), {"exclusive": 1}, opset=26,
+         openvino=False),
     Case("CumProd", [np.array([[0.5, 0.0, 2.0, 3.0]]), np.array(1)],
          lambda x, a: torch.cat([x[:, 1:].flip(1).cumprod(1).flip(1), torch.ones(1, 1, dtype=x.dtype)], 1),
-         {"exclusive": 1, "reverse": 1}, opset=26, finite_differences=False),
+         {"exclusive": 1, "reverse": 1}, opset=26, finite_differences=False, openvino=False),
     Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
     Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
     Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,

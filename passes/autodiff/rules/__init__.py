@@ -84,6 +84,10 @@ RULES: dict[str, Rule] = {
     "BatchNormalization": Rule(norm.batch_norm, (0, 1, 2)),
     "InstanceNormalization": Rule(norm.instance_norm, (0, 1, 2)),
     "LayerNormalization": Rule(norm.layer_norm, (0, 1, 2)),
+    "GroupNormalization": Rule(norm.group_norm, (0, 1, 2)),
+    "LpNormalization": Rule(norm.lp_normalization),
+    "MeanVarianceNormalization": Rule(norm.mean_variance_normalization),
+    "LRN": Rule(norm.lrn),
     "Softmax": Rule(norm.softmax),
     "LogSoftmax": Rule(norm.log_softmax),
     # losses inside the model

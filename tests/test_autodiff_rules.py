@@ -280,6 +280,27 @@ def test_elementwise(case: Case) -> None:
 
 # Linear algebra.
 
+SINGULAR = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.5], [0.5, -1.0, 2.0]]) @ np.diag([1.0, 1.0, 0.0])  # rank 2
+
+DETS = [  # OpenVINO 2026.4 has no Det
+    Case("Det", [rand(2, 3, 3)], torch.linalg.det, openvino=False),
+    Case("Det", [rand(4, 4)], torch.linalg.det, opset=22, openvino=False),
+    Case("Det", [rand(2, 1, 2, 2)], torch.linalg.det, openvino=False),
+    Case("Det", [rand(3, 1, 1)], torch.linalg.det, openvino=False),
+]
+
+
+@pytest.mark.parametrize("case", DETS, ids=repr)
+def test_det(case: Case) -> None:
+    check(case)
+
+
+def test_det_of_a_singular_matrix() -> None:
+    """The cofactors, not an inverse: exact where A is singular (rank 2 of 3: torch gives zeros there, the finite
+    differences -4 and 2)."""
+    check_finite_differences(Case("Det", [SINGULAR], None))
+
+
 def gemm_torch(alpha: float, beta: float, ta: int, tb: int) -> Callable[..., torch.Tensor]:
     def fn(a, b, c=None):
         out = alpha * (a.T if ta else a) @ (b.T if tb else b)
@@ -545,6 +566,19 @@ POOLS = [
     Case("CumProd", [np.array([[0.5, 0.0, 2.0, 3.0]]), np.array(1)],
          lambda x, a: torch.cat([x[:, 1:].flip(1).cumprod(1).flip(1), torch.ones(1, 1, dtype=x.dtype)], 1),
          {"exclusive": 1, "reverse": 1}, opset=26, finite_differences=False, openvino=False),
+    Case("LpPool", [rand(2, 3, 7, 7)], lambda x: F.lp_pool2d(x, 2, 3, 2), {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    Case("LpPool", [rand(1, 2, 6, 5)], lambda x: F.lp_pool2d(x, 2, 2, 1),
+         {"kernel_shape": [2, 2], "p": 2}, opset=18),
+    # onnx's reference runtime has no GlobalLpPool.
+    Case("GlobalLpPool", [rand(2, 3, 4, 5)], lambda x: x.square().sum((2, 3), keepdim=True).sqrt(),
+         finite_differences=False),
+    Case("GlobalLpPool", [rand(2, 3, 4, 5)], lambda x: x.abs().pow(3).sum((2, 3), keepdim=True).pow(1 / 3), {"p": 3},
+         finite_differences=False),
+    Case("LpPool", [rand(2, 3, 5, 5)], lambda x: F.avg_pool2d(x.abs().pow(3), 2, 1).mul(4).pow(1 / 3),
+         {"kernel_shape": [2, 2], "p": 3}),
+    Case("MaxUnpool", [rand(1, 2, 2, 2), np.array([[[[0, 3], [9, 14]], [[16, 22], [25, 31]]]])],
+         lambda x, i: F.max_unpool2d(x, i - torch.arange(2).view(1, 2, 1, 1) * 16, 2, 2),
+         {"kernel_shape": [2, 2], "strides": [2, 2]}, openvino=False),  # OpenVINO 2026.4 has no MaxUnpool
     Case("CumSum", [rand(2, 5), np.array(1)], lambda x, a: x.cumsum(1)),
     Case("CumSum", [rand(2, 5), np.array(-1)], lambda x, a: x.flip(1).cumsum(1).flip(1), {"reverse": 1}),
     Case("CumSum", [rand(2, 5), np.array(0)], lambda x, a: x.flip(0).cumsum(0).flip(0) - x,
@@ -606,6 +640,15 @@ SHAPES = [
     Case("TopK", [rand(3, 6), ints(2)], lambda x, k: x.topk(2, dim=1).values, {"axis": 1}, n_out=2),
     Case("TopK", [rand(4, 3), ints(3)], lambda x, k: x.topk(3, dim=0, largest=False).values,
          {"axis": 0, "largest": 0}, n_out=2),
+    Case("ReverseSequence", [rand(4, 3, 2), np.array([4, 1, 3])],
+         lambda x, n: torch.stack([torch.cat([x[:k, b].flip(0), x[k:, b]]) for b, k in enumerate([4, 1, 3])], 1)),
+    Case("ReverseSequence", [rand(3, 5), np.array([2, 5, 0])],
+         lambda x, n: torch.stack([torch.cat([x[b, :k].flip(0), x[b, k:]]) for b, k in enumerate([2, 5, 0])]),
+         {"batch_axis": 0, "time_axis": 1}),
+    Case("Col2Im", [rand(2, 3 * 4, 12), ints(4, 5), ints(2, 2)], lambda x, *_: F.fold(x, (4, 5), 2), opset=18),
+    Case("Col2Im", [rand(1, 2 * 6, 6), ints(5, 6), ints(2, 3)],
+         lambda x, *_: F.fold(x, (5, 6), (2, 3), dilation=(1, 2), padding=(1, 0), stride=(2, 1)),
+         {"dilations": [1, 2], "pads": [1, 0, 1, 0], "strides": [2, 1]}, opset=18),
     Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: x.view(2, 2, 2, 2, 2, 3).permute(0, 3, 4, 1, 5, 2)
          .reshape(2, 2, 4, 6), {"blocksize": 2}),
     Case("DepthToSpace", [rand(2, 8, 2, 3)], lambda x: F.pixel_shuffle(x, 2), {"blocksize": 2, "mode": "CRD"}),
@@ -682,7 +725,7 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + NORMS + LOSSES + POOLS + SHAPES + RESIZES + EINSUMS
+    cases = ELEMENTWISE + DETS + NORMS + LOSSES + POOLS + SHAPES + RESIZES + EINSUMS
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose", "Sign", "Round", "Floor", "Ceil"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
@@ -734,10 +777,12 @@ def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
 
 
 def test_unsupported_ops_are_listed_once() -> None:
-    nodes = [helper.make_node("Det", ["w"], ["a"], name="det"), helper.make_node("Hardmax", ["a"], ["b"], name="hmax"),
-             helper.make_node("Relu", ["b"], ["output"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2])],
-                              [numpy_helper.from_array(rand(2, 3, 3).astype(np.float32), "w")])
+    nodes = [helper.make_node("Hardmax", ["w"], ["a"], name="hmax"), helper.make_node("Hardmax", ["a"], ["b"]),
+             helper.make_node("GridSample", ["b", "grid"], ["output"], name="sample")]
+    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 2, 2])
+    weights = [numpy_helper.from_array(rand(*shape).astype(np.float32), name)
+               for name, shape in (("w", (1, 1, 3, 3)), ("grid", (1, 2, 2, 2)))]
+    graph = helper.make_graph(nodes, "g", [], [output], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"Det \(e.g. node 'det'\).*Hardmax \(e.g. node 'hmax'\)"):
+    with pytest.raises(ModelError, match=r"GridSample \(e.g. node 'sample'\); Hardmax \(e.g. node 'hmax'\)$"):
         step_as_proto(model, loss="sum")

@@ -10,7 +10,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
-from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, has_attr, present
+from onnx_remat.passes.autodiff.graph_info import attr_float, attr_int, attr_ints, has_attr, present
 from onnx_remat.passes.autodiff.rules.linear import Window, window
 
 Grads = Sequence[ir.Value]
@@ -44,13 +44,19 @@ def average_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[in
         dy = e.scale(dys[0], 1 / divisor.flat[0])
     else:
         dy = e.op("Mul", dys[0], e.const((1 / divisor).astype(e.dtype)))
+    return {0: _spread(e, win, x_shape, y_shape, dy)}
+
+
+def _spread(e: Emitter, win: Window, x_shape: Sequence[int], y_shape: Sequence[int], g: ir.Value) -> ir.Value:
+    """Each window's value of g (shaped like the pooled output) added to every input element of the window: a
+    depthwise ConvTranspose with a ones kernel."""
     channels = x_shape[1]
     ones = e.const(np.ones((channels, 1, *win.kernel), dtype=e.dtype))
-    extra = [n - ((o - 1) * s + k - b - f) for n, o, k, s, b, f in
-             zip(x_shape[2:], y_shape[2:], win.kernel, win.strides, win.begin, win.end, strict=True)]
+    extra = [n - ((o - 1) * s + (k - 1) * d + 1 - b - f) for n, o, k, s, d, b, f in
+             zip(x_shape[2:], y_shape[2:], win.kernel, win.strides, win.dilations, win.begin, win.end, strict=True)]
     ends = [f - min(x, 0) for f, x in zip(win.end, extra, strict=True)]  # ceil_mode windows past the end
-    return {0: e.op("ConvTranspose", dy, ones, strides=list(win.strides), pads=[*win.begin, *ends],
-                    output_padding=[max(x, 0) for x in extra], group=channels)}
+    return e.op("ConvTranspose", g, ones, strides=list(win.strides), dilations=list(win.dilations),
+                pads=[*win.begin, *ends], output_padding=[max(x, 0) for x in extra], group=channels)
 
 
 def _divisor(win: Window, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
@@ -213,3 +219,30 @@ def cum_prod(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, i
     picked = e.op("Where", e.const(includes.reshape(mask_shape)), weighted, e.scalar(0.0))
     summed = e.reduce_sum(picked, [axis + 1], keepdims=False)  # [j, rest of x's axes]
     return {0: e.transpose(summed, [*range(1, axis + 1), 0, *range(axis + 1, rank)])}
+
+
+def _lp_slope(e: Emitter, x: ir.Value, y: ir.Value, p: float) -> tuple[ir.Value, ir.Value]:
+    """The two factors of d(sum |x|^p)^(1/p) / dx = sign(x) |x|^(p-1) * y^(1-p): per input element, per output."""
+    per_input = e.op("Mul", e.op("Sign", x), e.op("Pow", e.op("Abs", x), e.scalar(p - 1)))
+    return per_input, e.op("Pow", y, e.scalar(1 - p))
+
+
+def lp_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """y = (sum over the window of |x|^p)^(1/p): dy y^(1-p) spread over each window, times sign(x) |x|^(p-1)."""
+    x, y = present(node.inputs[0]), node.outputs[0]
+    x_shape, y_shape = e.info.shape(x), e.info.shape(y)
+    win = window(node, attr_ints(node, "kernel_shape"), x_shape[2:])
+    per_input, per_output = _lp_slope(e, x, y, attr_float(node, "p", 2.0))
+    return {0: e.op("Mul", per_input, _spread(e, win, x_shape, y_shape, e.op("Mul", dys[0], per_output)))}
+
+
+def global_lp_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """y = (sum over the spatial axes of |x|^p)^(1/p): dy y^(1-p) sign(x) |x|^(p-1)."""
+    x, y = present(node.inputs[0]), node.outputs[0]
+    per_input, per_output = _lp_slope(e, x, y, attr_float(node, "p", 2.0))
+    return {0: e.op("Mul", per_input, e.op("Mul", dys[0], per_output))}
+
+
+def max_unpool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Each input element went to its index in the flattened output: its gradient is dy there."""
+    return {0: e.op("Gather", e.reshape(dys[0], [-1]), node.inputs[1], axis=0)}

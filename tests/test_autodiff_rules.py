@@ -685,6 +685,30 @@ def test_resize(case: Case) -> None:
     check(case)
 
 
+GRID = np.random.default_rng(3).uniform(-1.2, 1.2, (2, 3, 4, 2))  # some samples outside the image (zero padding)
+
+GRID_SAMPLES = [  # onnx's reference GridSample is off by 2e-7 in float64 (from torch's): no finite differences
+    Case("GridSample", [rand(2, 3, 4, 5), GRID], lambda x, g: F.grid_sample(x, g, align_corners=False), opset=16,
+         finite_differences=False),
+    Case("GridSample", [rand(2, 3, 4, 5), GRID], lambda x, g: F.grid_sample(x, g, align_corners=True),
+         {"align_corners": 1}, opset=16, finite_differences=False),
+    Case("GridSample", [rand(1, 2, 5, 3), GRID[:1]], lambda x, g: F.grid_sample(x, g, align_corners=False),
+         {"mode": "linear"}, opset=20, finite_differences=False),
+]
+
+
+@pytest.mark.parametrize("case", GRID_SAMPLES, ids=repr)
+def test_grid_sample(case: Case) -> None:
+    check(case)
+
+
+def test_grid_sample_nearest_is_refused_naming_the_node() -> None:
+    model = case_model(Case("GridSample", [rand(1, 1, 3, 3), GRID[:1]], None, {"mode": "nearest"}, opset=16),
+                       np.float32)
+    with pytest.raises(ModelError, match="GridSample 'op'.*'nearest'"):
+        step_as_proto(model, loss="sum", freeze=probes(model))
+
+
 def test_resize_cropping_is_refused_naming_the_node() -> None:
     case = resize_case("linear", (8, 10), "bilinear", coordinate_transformation_mode="tf_crop_and_resize")
     model = case_model(case, np.float32)
@@ -725,7 +749,7 @@ def test_einsum_without_a_rule_is_refused_naming_the_node(equation, shapes, reas
 
 
 def test_every_rule_is_tested() -> None:
-    cases = ELEMENTWISE + DETS + NORMS + LOSSES + POOLS + SHAPES + RESIZES + EINSUMS
+    cases = ELEMENTWISE + DETS + NORMS + LOSSES + POOLS + SHAPES + RESIZES + GRID_SAMPLES + EINSUMS
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose", "Sign", "Round", "Floor", "Ceil"}
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
@@ -777,12 +801,11 @@ def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
 
 
 def test_unsupported_ops_are_listed_once() -> None:
-    nodes = [helper.make_node("Hardmax", ["w"], ["a"], name="hmax"), helper.make_node("Hardmax", ["a"], ["b"]),
-             helper.make_node("GridSample", ["b", "grid"], ["output"], name="sample")]
-    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 2, 2])
-    weights = [numpy_helper.from_array(rand(*shape).astype(np.float32), name)
-               for name, shape in (("w", (1, 1, 3, 3)), ("grid", (1, 2, 2, 2)))]
-    graph = helper.make_graph(nodes, "g", [], [output], weights)
+    nodes = [helper.make_node("Hardmax", ["w"], ["a"], name="hmax", axis=1), helper.make_node("Hardmax", ["a"], ["b"]),
+             helper.make_node("DFT", ["b"], ["output"], name="dft")]
+    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 2])
+    weight = numpy_helper.from_array(rand(1, 4, 1).astype(np.float32), "w")
+    graph = helper.make_graph(nodes, "g", [], [output], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"GridSample \(e.g. node 'sample'\); Hardmax \(e.g. node 'hmax'\)$"):
+    with pytest.raises(ModelError, match=r"DFT \(e.g. node 'dft'\); Hardmax \(e.g. node 'hmax'\)$"):
         step_as_proto(model, loss="sum")

@@ -6,6 +6,7 @@ from onnx_remat.passes.autodiff.rules import (
     activation,
     einsum,
     gather,
+    grid_sample,
     linalg,
     linear,
     losses,
@@ -131,6 +132,7 @@ RULES: dict[str, Rule] = {
     "DepthToSpace": Rule(shape.depth_to_space),
     "SpaceToDepth": Rule(shape.space_to_depth),
     "Resize": Rule(resize.resize),
+    "GridSample": Rule(grid_sample.grid_sample, (0, 1)),
     "ReverseSequence": Rule(movement.reverse_sequence),
     "Col2Im": Rule(movement.col2im),
     # indexing

@@ -254,11 +254,11 @@ class OneOp(nn.Module):
     """A linear layer, one function that exporters may write as a single ONNX op, and a linear head: the op's input
     and output both carry gradients (for the one-op scan of the gradient rules)."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], hidden: int = 12) -> None:
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], hidden: int = 12, head: int | None = None) -> None:
         super().__init__()
         self.fn = fn
         self.inner = nn.Linear(8, hidden)
-        self.head = nn.Linear(hidden, 4)
+        self.head = nn.Linear(head or hidden, 4)  # head: the op's output features, if not `hidden`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.fn(self.inner(x)))
@@ -275,6 +275,22 @@ class OneImageOp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.fn(self.conv(x)).flatten(1))
+
+
+class GridSampler(nn.Module):
+    """A convolution, then bilinear sampling at a learned grid (a spatial transformer's sampler), a linear head."""
+
+    def __init__(self, align_corners: bool) -> None:
+        super().__init__()
+        self.align_corners = align_corners
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.grid = nn.Parameter(torch.rand(1, 4, 5, 2) * 2.2 - 1.1)  # some samples outside the image
+        self.head = nn.Linear(6 * 4 * 5, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = self.grid.expand(x.shape[0], -1, -1, -1)
+        sampled = F.grid_sample(self.conv(x), grid, align_corners=self.align_corners)
+        return self.head(sampled.flatten(1))
 
 
 class InnerLoss(nn.Module):
@@ -311,6 +327,11 @@ def _squashed(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Ten
 
 def _op(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], nn.Module]:
     return lambda: OneOp(fn)
+
+
+def _unpooled(h: torch.Tensor) -> torch.Tensor:
+    pooled, indices = F.max_pool2d(h, 2, return_indices=True)
+    return F.max_unpool2d(pooled, indices, 2)
 
 
 def _image_op(make_fn: Callable[[], Callable[[torch.Tensor], torch.Tensor]]) -> Callable[[], nn.Module]:
@@ -442,6 +463,10 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
 }
 """Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
 
+DYNAMO_ONLY = ("dynamo",)
+"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im) or
+max_unpool at opset 17; neither exporter writes torch.cumprod (CumProd is opset 26)."""
+
 OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_cross_entropy": Architecture(lambda: InnerLoss(F.cross_entropy), _feature_rows, loss="sum"),
     "op_cross_entropy_spatial": Architecture(lambda: InnerLoss(
@@ -462,17 +487,24 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_asin": Architecture(_op(_squashed(torch.asin)), _features, loss="mse"),
     "op_acos": Architecture(_op(_squashed(torch.acos)), _features, loss="mse"),
     "op_atan": Architecture(_op(torch.atan), _features, loss="mse"),
-    "op_sinh": Architecture(_op(torch.sinh), _features, loss="mse"),
-    "op_cosh": Architecture(_op(torch.cosh), _features, loss="mse"),
-    "op_asinh": Architecture(_op(torch.asinh), _features, loss="mse"),
-    "op_acosh": Architecture(_op(lambda h: torch.acosh(1.5 + h * h)), _features, loss="mse"),
-    "op_atanh": Architecture(_op(_squashed(torch.atanh)), _features, loss="mse"),
+    "op_sinh": Architecture(_op(torch.sinh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_cosh": Architecture(_op(torch.cosh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_asinh": Architecture(_op(torch.asinh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_acosh": Architecture(_op(lambda h: torch.acosh(1.5 + h * h)), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_atanh": Architecture(_op(_squashed(torch.atanh)), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_softsign": Architecture(_op(F.softsign), _features, loss="mse"),
     "op_softshrink": Architecture(_op(lambda h: F.softshrink(h, 0.3)), _features, loss="mse"),
     "op_hardshrink": Architecture(_op(lambda h: F.hardshrink(h, 0.3)), _features, loss="mse"),
-    "op_threshold": Architecture(_op(lambda h: F.threshold(h, 0.1, 0.0)), _features, loss="mse"),
+    "op_threshold": Architecture(_op(lambda h: F.threshold(h, 0.1, 0.0)), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_prod": Architecture(_op(lambda h: h.reshape(2, 4, 3).prod(-1).repeat(1, 3)), _features, loss="mse"),
-    "op_cumprod": Architecture(_op(lambda h: h.cumprod(1)), _features, loss="mse"),
+    "op_det": Architecture(lambda: OneOp(lambda h: torch.linalg.det(h.reshape(2, 3, 2, 2)), head=3), _features,
+                           loss="mse"),
+    "op_fold": Architecture(lambda: OneOp(lambda h: F.fold(h.reshape(2, 4, 9), (4, 4), 2).flatten(1), hidden=36,
+                                          head=16), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_lp_pool": Architecture(_image_op(lambda: nn.LPPool2d(2, 2)), _tiny_image, loss="mse"),
+    "op_max_unpool": Architecture(_image_op(lambda: _unpooled), _tiny_image, loss="mse", exporters=DYNAMO_ONLY),
+    "op_grid_sample": Architecture(lambda: GridSampler(align_corners=False), _tiny_image, loss="mse"),
+    "op_grid_sample_aligned": Architecture(lambda: GridSampler(align_corners=True), _tiny_image, loss="mse"),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

@@ -591,6 +591,18 @@ def test_pool(case: Case) -> None:
     check(case)
 
 
+def test_lp_pool_dilated_ceil_mode() -> None:
+    """Opset 18's dilations and ceil_mode (torch's lp_pool has neither): finite differences, and onnxruntime's
+    float32 gradient against the reference runtime's float64 one."""
+    case = Case("LpPool", [rand(1, 2, 7, 6)], None,
+                {"kernel_shape": [2, 2], "dilations": [2, 1], "strides": [2, 2], "ceil_mode": 1, "p": 3}, opset=18)
+    check_finite_differences(case)
+    wide, narrow = case_model(case, np.float64), case_model(case, np.float32)
+    expected = reference(step_as_proto(wide, loss="sum", freeze=probes(wide)).model).run(["grad.in0"], {})[0]
+    got = run_ort(step_as_proto(narrow, loss="sum", freeze=probes(narrow)).model)["grad.in0"]
+    assert rel_err(got, expected) < TORCH_TOLERANCE
+
+
 # Data movement.
 
 SHAPES = [

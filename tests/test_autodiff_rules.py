@@ -266,6 +266,7 @@ ELEMENTWISE = [
     Case("Acosh", [rand(3, 4, low=1.5)], torch.acosh),
     Case("Atanh", [rand(3, 4, low=-0.5)], torch.atanh),
     Case("Mean", [rand(2, 3, 4), rand(3, 1), rand(4)], lambda a, b, c: (a + b + c) / 3),
+    Case("Swish", [rand(3, 4) * 2], lambda x: x * torch.sigmoid(1.5 * x), {"alpha": 1.5}, opset=24),
     Case("Softsign", [rand(3, 4) * 2], F.softsign),
     Case("Shrink", [rand(3, 4) * 2], lambda x: F.softshrink(x, 0.7), {"lambd": 0.7, "bias": 0.7}),
     Case("Shrink", [rand(3, 4) * 2], lambda x: F.hardshrink(x, 0.5)),
@@ -443,6 +444,10 @@ NORMS = [
     Case("GroupNormalization", [rand(2, 6, 3, 4), rand(6, low=0.5), rand(6)],
          lambda x, s, b: F.group_norm(x, 3, s, b, 1e-5), {"num_groups": 3, "epsilon": 1e-5}, opset=21,
          finite_differences=False),
+    Case("RMSNormalization", [rand(2, 3, 8), rand(8, low=0.5)], lambda x, s: F.rms_norm(x, (8,), s, 1e-5),
+         opset=23),
+    Case("RMSNormalization", [rand(2, 3, 4), rand(3, 4, low=0.5)], lambda x, s: F.rms_norm(x, (3, 4), s, 1e-3),
+         {"axis": 1, "epsilon": 1e-3}, opset=23),
     Case("LpNormalization", [rand(2, 3, 4)], lambda x: F.normalize(x, 2.0, -1)),
     # OpenVINO reads opset 13's ReduceL1 (in the gradient) as reducing everything: the opset-18 form here.
     Case("LpNormalization", [rand(2, 3, 4)], lambda x: F.normalize(x, 1.0, 1), {"axis": 1, "p": 1},

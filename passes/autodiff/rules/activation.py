@@ -128,3 +128,11 @@ def thresholded_relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dic
     """x where x > alpha, else 0: dy where x > alpha."""
     above = e.op("Greater", present(node.inputs[0]), e.scalar(attr_float(node, "alpha", 1.0)))
     return {0: e.op("Where", above, dys[0], e.scalar(0.0))}
+
+
+def swish(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Swish (opset 24), x sigmoid(alpha x): slope s + alpha x s (1 - s), s = sigmoid(alpha x)."""
+    x, alpha = present(node.inputs[0]), attr_float(node, "alpha", 1.0)
+    s = e.op("Sigmoid", e.scale(x, alpha))
+    bend = e.op("Mul", e.scale(x, alpha), e.op("Mul", s, e.op("Sub", e.scalar(1.0), s)))
+    return {0: e.op("Mul", dys[0], e.op("Add", s, bend))}

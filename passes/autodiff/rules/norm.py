@@ -173,3 +173,22 @@ def _channel_window_sum(e: Emitter, t: ir.Value, shape: Sequence[int], before: i
     kernel = e.const(np.ones((1, 1, before + after + 1, 1), dtype=e.dtype))
     flat = e.reshape(t, (shape[0], 1, shape[1], math.prod(shape[2:])))
     return e.reshape(e.op("Conv", flat, kernel, pads=[before, 0, after, 0]), shape)
+
+
+def rms_norm(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """RMSNormalization (opset 23): xhat = x r, r = 1/sqrt(mean(x^2) + eps) over the axes from `axis`; with
+    g = dy scale, dx = r (g - xhat mean(g xhat)); dscale = dy xhat summed back to the scale's shape."""
+    x, scale, dy = present(node.inputs[0]), present(node.inputs[1]), dys[0]
+    shape = e.info.shape(x)
+    axes = list(range(attr_int(node, "axis", -1) % len(shape), len(shape)))
+    mean_square = e.reduce_mean(e.op("Mul", x, x), axes)
+    inv_rms = e.op("Reciprocal", e.op("Sqrt", e.op("Add", mean_square, e.scalar(attr_float(node, "epsilon", 1e-5)))))
+    xhat = e.op("Mul", x, inv_rms)
+    grads = {}
+    if needs[0]:
+        g = e.op("Mul", dy, scale)
+        along = e.op("Mul", xhat, e.reduce_mean(e.op("Mul", g, xhat), axes))
+        grads[0] = e.op("Mul", e.op("Sub", g, along), inv_rms)
+    if needs[1]:
+        grads[1] = e.sum_to(e.op("Mul", dy, xhat), shape, e.info.shape(scale))
+    return grads

@@ -150,9 +150,9 @@ class Bert(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """A sequence model: a two-layer LSTM or GRU over float features, a linear head on every step."""
+    """A sequence model: a two-layer LSTM, GRU or RNN over float features, a linear head on every step."""
 
-    def __init__(self, cell: type[nn.Module], features: int = 8, hidden: int = 16, layers: int = 2,
+    def __init__(self, cell: Callable[..., nn.Module], features: int = 8, hidden: int = 16, layers: int = 2,
                  bidirectional: bool = False) -> None:
         super().__init__()
         self.rnn = cell(features, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
@@ -329,6 +329,10 @@ def _op(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], nn.Module]:
     return lambda: OneOp(fn)
 
 
+def _relu_rnn(*args, **kwargs) -> nn.Module:
+    return nn.RNN(*args, nonlinearity="relu", **kwargs)
+
+
 def _unpooled(h: torch.Tensor) -> torch.Tensor:
     pooled, indices = F.max_pool2d(h, 2, return_indices=True)
     return F.max_unpool2d(pooled, indices, 2)
@@ -503,6 +507,8 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
                                           head=16), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_lp_pool": Architecture(_image_op(lambda: nn.LPPool2d(2, 2)), _tiny_image, loss="mse"),
     "op_max_unpool": Architecture(_image_op(lambda: _unpooled), _tiny_image, loss="mse", exporters=DYNAMO_ONLY),
+    "op_rnn_tanh": Architecture(lambda: Recurrent(nn.RNN), _sequence, loss="mse"),
+    "op_rnn_relu": Architecture(lambda: Recurrent(_relu_rnn, bidirectional=True), _sequence, loss="mse"),
     "op_grid_sample": Architecture(lambda: GridSampler(align_corners=False), _tiny_image, loss="mse"),
     "op_grid_sample_aligned": Architecture(lambda: GridSampler(align_corners=True), _tiny_image, loss="mse"),
 }

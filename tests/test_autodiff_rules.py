@@ -266,6 +266,8 @@ ELEMENTWISE = [
     Case("Acosh", [rand(3, 4, low=1.5)], torch.acosh),
     Case("Atanh", [rand(3, 4, low=-0.5)], torch.atanh),
     Case("Mean", [rand(2, 3, 4), rand(3, 1), rand(4)], lambda a, b, c: (a + b + c) / 3),
+    Case("Mod", [rand(3, 4) * 5, rand(4, low=0.7)], torch.fmod, {"fmod": 1}),
+    Case("Mod", [rand(2, 3) * 5, -rand(2, 1, low=0.7)], torch.fmod, {"fmod": 1}),
     Case("Swish", [rand(3, 4) * 2], lambda x: x * torch.sigmoid(1.5 * x), {"alpha": 1.5}, opset=24),
     Case("Softsign", [rand(3, 4) * 2], F.softsign),
     Case("Shrink", [rand(3, 4) * 2], lambda x: F.softshrink(x, 0.7), {"lambd": 0.7, "bias": 0.7}),

@@ -29,6 +29,7 @@ RULES: dict[str, Rule] = {
     "Mul": Rule(ew.mul, (0, 1)),
     "Div": Rule(ew.div, (0, 1)),
     "Neg": Rule(ew.neg),
+    "Mod": Rule(ew.mod, (0, 1)),
     "Abs": Rule(ew.abs_),
     "Max": Rule(ew.extremum, None),
     "Min": Rule(ew.extremum, None),

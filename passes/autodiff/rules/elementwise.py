@@ -61,6 +61,17 @@ def div(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     return _to_inputs(e, node, grads, needs)
 
 
+def mod(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Float Mod (fmod=1: a - trunc(a/b) b, as torch.fmod): (dy, -dy trunc(a/b)); trunc as sign times floor of |.|."""
+    a, b = node.inputs[:2]
+    grads = {0: dys[0]}
+    if needs[1]:
+        quotient = e.op("Div", a, b)
+        truncated = e.op("Mul", e.op("Sign", quotient), e.op("Floor", e.op("Abs", quotient)))
+        grads[1] = e.op("Neg", e.op("Mul", dys[0], truncated))
+    return _to_inputs(e, node, grads, needs)
+
+
 def neg(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(-x) = -dy."""
     return {0: e.op("Neg", dys[0])}

@@ -713,6 +713,13 @@ GRID_SAMPLES = [  # onnx's reference GridSample is off by 2e-7 in float64 (from 
          {"align_corners": 1}, opset=16, finite_differences=False),
     Case("GridSample", [rand(1, 2, 5, 3), GRID[:1]], lambda x, g: F.grid_sample(x, g, align_corners=False),
          {"mode": "linear"}, opset=20, finite_differences=False),
+    # onnx's reference AffineGrid answers float32 for float64 theta: no finite differences.
+    Case("AffineGrid", [rand(2, 2, 3), ints(2, 3, 4, 5)], lambda t, s: F.affine_grid(t, [2, 3, 4, 5], False),
+         opset=20, finite_differences=False),
+    Case("AffineGrid", [rand(2, 2, 3), ints(2, 1, 3, 2)], lambda t, s: F.affine_grid(t, [2, 1, 3, 2], True),
+         {"align_corners": 1}, opset=20, finite_differences=False),
+    Case("AffineGrid", [rand(1, 3, 4), ints(1, 1, 2, 3, 4)], lambda t, s: F.affine_grid(t, [1, 1, 2, 3, 4], False),
+         opset=20, finite_differences=False),
 ]
 
 

@@ -136,6 +136,7 @@ RULES: dict[str, Rule] = {
     "SpaceToDepth": Rule(shape.space_to_depth),
     "Resize": Rule(resize.resize),
     "GridSample": Rule(grid_sample.grid_sample, (0, 1)),
+    "AffineGrid": Rule(grid_sample.affine_grid),
     "ReverseSequence": Rule(movement.reverse_sequence),
     "Col2Im": Rule(movement.col2im),
     # indexing

@@ -1,11 +1,12 @@
-"""Gradient of GridSample (opset 16 and 20) in its bilinear mode with zero padding, for 2-D images: to the image and
-to the grid."""
+"""Gradients of spatial transformers' ops: GridSample (opset 16 and 20) in its bilinear mode with zero padding, for
+2-D images, to the image and to the grid; AffineGrid (opset 20), 2-D and 3-D."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError
@@ -91,3 +92,20 @@ def _require_supported(e: Emitter, node: ir.Node, image: ir.Value) -> None:
     if mode not in BILINEAR or padding != "zeros" or len(e.info.shape(image)) != 4:
         raise ModelError(f"GridSample {node.name!r}: only 2-D images sampled in mode bilinear with padding_mode zeros "
                          f"have a gradient here, not mode {mode!r} with {padding!r}: sample so")
+
+
+def _base_grid(size: Sequence[int], align_corners: bool) -> np.ndarray:
+    """AffineGrid's positions before the transform, one row per output position (x fastest): columns x, y (, z), 1."""
+    axes = [np.linspace(-1.0, 1.0, n) if align_corners else (2 * np.arange(n) + 1) / n - 1 for n in size]
+    mesh = np.meshgrid(*axes, indexing="ij")  # over (d,) h, w: x varies along the last axis
+    return np.stack([*(m.reshape(-1) for m in mesh[::-1]), np.ones(int(np.prod(size)))], axis=1)
+
+
+def affine_grid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """AffineGrid (opset 20): grid = base theta^T per sample, so dtheta = dgrid^T base, summed over positions."""
+    theta = present(node.inputs[0])
+    n, dims, _ = e.info.shape(theta)
+    spatial = [int(v) for v in e.info.static(node.inputs[1])][2:]
+    base = _base_grid(spatial, bool(attr_int(node, "align_corners", 0))).astype(e.dtype)
+    flat = e.op("Transpose", e.reshape(dys[0], [n, -1, dims]), perm=[0, 2, 1])  # n, dims, positions
+    return {0: e.op("MatMul", flat, e.const(base))}

@@ -93,8 +93,8 @@ def scatter_nd(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
     positions = _wrapped_nd(e, indices, e.info.shape(data))
     grads = {}
     if needs[0]:
-        overwritten = e.op("ScatterND", dys[0], positions, e.zeros(e.info.shape(updates)))
-        grads[0] = dys[0] if reduction == "add" else overwritten
+        grads[0] = dys[0] if reduction == "add" else e.op("ScatterND", dys[0], positions,
+                                                         e.zeros(e.info.shape(updates)))
     if needs[2]:
         grads[2] = e.op("GatherND", dys[0], positions)
     return grads

@@ -216,13 +216,13 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
     no_parameters.graph.ClearField("node")
     no_parameters.graph.node.append(onnx.helper.make_node("Relu", ["input"], ["output"], name="relu0"))
     no_rule = conv_chain(depth=2)
-    no_rule.graph.node[1].op_type = "Atan"  # relu0 -> atan0: a differentiable op with no rule
-    no_rule.graph.node[1].name = "atan0"
+    no_rule.graph.node[1].op_type = "Hardmax"  # relu0 -> hardmax0: a float op with no rule
+    no_rule.graph.node[1].name = "hardmax0"
     integer = conv_chain(depth=1)
     integer.graph.node.append(onnx.helper.make_node("Cast", ["output"], ["rounded"], name="cast", to=TensorProto.INT64))
     integer.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("rounded", TensorProto.INT64, [1, 8, 16, 16]))
-    many_rules = conv_chain(depth=4)  # two Atan nodes, an Asin and a custom-domain op: each type listed once
-    for index, (op, name) in {1: ("Atan", "atan0"), 3: ("Asin", "asin0"), 5: ("Atan", "atan1"),
+    many_rules = conv_chain(depth=4)  # two Hardmax nodes, a Bernoulli and a custom-domain op: each type listed once
+    for index, (op, name) in {1: ("Hardmax", "hardmax0"), 3: ("Bernoulli", "bernoulli0"), 5: ("Hardmax", "hardmax1"),
                               7: ("Gelu", "gelu0")}.items():
         many_rules.graph.node[index].op_type, many_rules.graph.node[index].name = op, name
     many_rules.graph.node[7].domain = "com.example"
@@ -250,9 +250,10 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
     [
         ("no parameters", "no trainable parameters"),
         ("target cannot match", r"cross-entropy needs an output of shape \[batch, classes\], not \[1, 8, 16, 16\]"),
-        ("no gradient rule", r"no gradient rule for these op types: Atan \(e\.g\. node 'atan0'\)"),
+        ("no gradient rule", r"no gradient rule for these op types: Hardmax \(e\.g\. node 'hardmax0'\)"),
         ("no gradient rule, several ops",
-         r"no gradient rule for these op types: Asin \(e\.g\. node 'asin0'\); Atan \(e\.g\. node 'atan0'\); "
+         r"no gradient rule for these op types: Bernoulli \(e\.g\. node 'bernoulli0'\); "
+         r"Hardmax \(e\.g\. node 'hardmax0'\); "
          r"com\.example\.Gelu \(e\.g\. node 'gelu0'\)$"),
         ("integer-only path", "integer-only path has no gradient"),
         ("integer-only path inside", "integer-only path has no gradient: parameter w0 reaches the loss only through "

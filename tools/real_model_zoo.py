@@ -150,9 +150,9 @@ class Bert(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """A sequence model: a two-layer LSTM or GRU over float features, a linear head on every step."""
+    """A sequence model: a two-layer LSTM, GRU or RNN over float features, a linear head on every step."""
 
-    def __init__(self, cell: type[nn.Module], features: int = 8, hidden: int = 16, layers: int = 2,
+    def __init__(self, cell: Callable[..., nn.Module], features: int = 8, hidden: int = 16, layers: int = 2,
                  bidirectional: bool = False) -> None:
         super().__init__()
         self.rnn = cell(features, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
@@ -250,6 +250,103 @@ class ConvDecoder(nn.Module):
         return self.head(self.pool(x).flatten(1))
 
 
+class OneOp(nn.Module):
+    """A linear layer, one function that exporters may write as a single ONNX op, and a linear head: the op's input
+    and output both carry gradients (for the one-op scan of the gradient rules)."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], hidden: int = 12, head: int | None = None) -> None:
+        super().__init__()
+        self.fn = fn
+        self.inner = nn.Linear(8, hidden)
+        self.head = nn.Linear(head or hidden, 4)  # head: the op's output features, if not `hidden`
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fn(self.inner(x)))
+
+
+class OneImageOp(nn.Module):
+    """The same around an op on images: a 3x3 convolution to 6 channels, the op, a linear head."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.head = nn.LazyLinear(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fn(self.conv(x)).flatten(1))
+
+
+class GridSampler(nn.Module):
+    """A convolution, then bilinear sampling at a learned grid (a spatial transformer's sampler), a linear head."""
+
+    def __init__(self, align_corners: bool) -> None:
+        super().__init__()
+        self.align_corners = align_corners
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.grid = nn.Parameter(torch.rand(1, 4, 5, 2) * 2.2 - 1.1)  # some samples outside the image
+        self.head = nn.Linear(6 * 4 * 5, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = self.grid.expand(x.shape[0], -1, -1, -1)
+        sampled = F.grid_sample(self.conv(x), grid, align_corners=self.align_corners)
+        return self.head(sampled.flatten(1))
+
+
+class InnerLoss(nn.Module):
+    """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
+
+    def __init__(self, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], spatial: bool = False) -> None:
+        super().__init__()
+        self.loss, self.spatial = loss, spatial
+        self.scores = nn.Linear(8, 5)
+        self.register_buffer("labels", torch.tensor([[0, 4, 2], [1, 1, 3]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.scores(x)  # (2, 3, 5)
+        if self.spatial:
+            return self.loss(scores.transpose(1, 2), self.labels)  # (N, C, d) against (N, d)
+        return self.loss(scores.flatten(0, 1), self.labels.flatten())
+
+
+SCATTER_INDEX = torch.tensor([[1, 5, 7], [0, 11, 2]])
+
+
+def _scatter(h: torch.Tensor) -> torch.Tensor:
+    return h.scatter(1, SCATTER_INDEX, 2 * h[:, :3])
+
+
+def _scatter_add(h: torch.Tensor) -> torch.Tensor:
+    return h.scatter_add(1, torch.tensor([[1, 5, 1], [0, 0, 2]]), h[:, 3:6].exp())
+
+
+def _squashed(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """fn on values squashed into (-0.9, 0.9), the domain of asin, acos and atanh."""
+    return lambda h: fn(0.9 * torch.tanh(h))
+
+
+def _op(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], nn.Module]:
+    return lambda: OneOp(fn)
+
+
+def _relu_rnn(*args, **kwargs) -> nn.Module:
+    return nn.RNN(*args, nonlinearity="relu", **kwargs)
+
+
+def _unpooled(h: torch.Tensor) -> torch.Tensor:
+    pooled, indices = F.max_pool2d(h, 2, return_indices=True)
+    return F.max_unpool2d(pooled, indices, 2)
+
+
+def _image_op(make_fn: Callable[[], Callable[[torch.Tensor], torch.Tensor]]) -> Callable[[], nn.Module]:
+    """A builder of OneImageOp around a fresh layer from `make_fn` (a layer's weights are the module's own)."""
+    def build() -> nn.Module:
+        module = OneImageOp(make_fn())
+        module(torch.zeros(1, 3, 6, 6))  # sizes the lazy head
+        return module
+    return build
+
+
 def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
     return lambda: getattr(import_torchvision().models, name)(weights=None, **kwargs)
 
@@ -302,6 +399,18 @@ def _padded_tokens() -> tuple[torch.Tensor, ...]:
     return (ids,)
 
 
+def _features() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 8),)
+
+
+def _feature_rows() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 3, 8),)
+
+
+def _tiny_image() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(2, 3, 6, 6),)
+
+
 def _sequence_16() -> tuple[torch.Tensor, ...]:
     return (torch.randn(2, 16, 8),)
 
@@ -317,7 +426,7 @@ class Architecture:
 
     build: Callable[[], nn.Module]
     inputs: Callable[[], tuple[torch.Tensor, ...]]
-    loss: str = "cross-entropy"
+    loss: str = "cross-entropy"  # or "mse", or "sum" for a model whose output is its loss
     slow: bool = False
     exporters: tuple[str, ...] = EXPORTERS
 
@@ -358,6 +467,54 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
 }
 """Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
 
+DYNAMO_ONLY = ("dynamo",)
+"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im) or
+max_unpool at opset 17; neither exporter writes torch.cumprod (CumProd is opset 26)."""
+
+OP_ARCHITECTURES: dict[str, Architecture] = {
+    "op_cross_entropy": Architecture(lambda: InnerLoss(F.cross_entropy), _feature_rows, loss="sum"),
+    "op_cross_entropy_spatial": Architecture(lambda: InnerLoss(
+        lambda s, t: F.cross_entropy(s, t, torch.tensor([0.5, 1.0, 1.5, 2.0, 0.8], dtype=s.dtype), ignore_index=1),
+        spatial=True),
+        _feature_rows, loss="sum"),
+    "op_cross_entropy_none": Architecture(lambda: InnerLoss(
+        lambda s, t: F.cross_entropy(s, t, reduction="none", ignore_index=4).sum()), _feature_rows, loss="sum"),
+    "op_nll_loss": Architecture(lambda: InnerLoss(
+        lambda s, t: F.nll_loss(F.log_softmax(s, 1), t, reduction="sum")), _feature_rows, loss="sum"),
+    "op_scatter": Architecture(_op(_scatter), _features, loss="mse"),
+    "op_scatter_add": Architecture(_op(_scatter_add), _features, loss="mse"),
+    "op_group_norm": Architecture(_image_op(lambda: nn.GroupNorm(3, 6)), _tiny_image, loss="mse"),
+    "op_global_max_pool": Architecture(_image_op(lambda: nn.AdaptiveMaxPool2d(1)), _tiny_image, loss="mse"),
+    "op_local_response_norm": Architecture(_image_op(lambda: nn.LocalResponseNorm(3)), _tiny_image, loss="mse"),
+    "op_normalize": Architecture(_op(lambda h: F.normalize(h, dim=1)), _features, loss="mse"),
+    "op_tan": Architecture(_op(lambda h: torch.tan(0.5 * h)), _features, loss="mse"),
+    "op_asin": Architecture(_op(_squashed(torch.asin)), _features, loss="mse"),
+    "op_acos": Architecture(_op(_squashed(torch.acos)), _features, loss="mse"),
+    "op_atan": Architecture(_op(torch.atan), _features, loss="mse"),
+    "op_sinh": Architecture(_op(torch.sinh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_cosh": Architecture(_op(torch.cosh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_asinh": Architecture(_op(torch.asinh), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_acosh": Architecture(_op(lambda h: torch.acosh(1.5 + h * h)), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_atanh": Architecture(_op(_squashed(torch.atanh)), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_softsign": Architecture(_op(F.softsign), _features, loss="mse"),
+    "op_softshrink": Architecture(_op(lambda h: F.softshrink(h, 0.3)), _features, loss="mse"),
+    "op_hardshrink": Architecture(_op(lambda h: F.hardshrink(h, 0.3)), _features, loss="mse"),
+    "op_threshold": Architecture(_op(lambda h: F.threshold(h, 0.1, 0.0)), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_prod": Architecture(_op(lambda h: h.reshape(2, 4, 3).prod(-1).repeat(1, 3)), _features, loss="mse"),
+    "op_det": Architecture(lambda: OneOp(lambda h: torch.linalg.det(h.reshape(2, 3, 2, 2)), head=3), _features,
+                           loss="mse"),
+    "op_fold": Architecture(lambda: OneOp(lambda h: F.fold(h.reshape(2, 4, 9), (4, 4), 2).flatten(1), hidden=36,
+                                          head=16), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_lp_pool": Architecture(_image_op(lambda: nn.LPPool2d(2, 2)), _tiny_image, loss="mse"),
+    "op_max_unpool": Architecture(_image_op(lambda: _unpooled), _tiny_image, loss="mse", exporters=DYNAMO_ONLY),
+    "op_rnn_tanh": Architecture(lambda: Recurrent(nn.RNN), _sequence, loss="mse"),
+    "op_rnn_relu": Architecture(lambda: Recurrent(_relu_rnn, bidirectional=True), _sequence, loss="mse"),
+    "op_grid_sample": Architecture(lambda: GridSampler(align_corners=False), _tiny_image, loss="mse"),
+    "op_grid_sample_aligned": Architecture(lambda: GridSampler(align_corners=True), _tiny_image, loss="mse"),
+}
+"""One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
+writes the op, and whether the model trains."""
+
 LARGE_ARCHITECTURES: dict[str, Architecture] = {
     "densenet121": Architecture(_vision("densenet121", num_classes=10), _image, slow=True),
 }
@@ -366,7 +523,8 @@ LARGE_ARCHITECTURES: dict[str, Architecture] = {
 
 def architecture(name: str) -> Architecture:
     """The architecture of that name, from the matrix or the large models."""
-    return ARCHITECTURES.get(name) or MORE_ARCHITECTURES.get(name) or LARGE_ARCHITECTURES[name]
+    return (ARCHITECTURES.get(name) or MORE_ARCHITECTURES.get(name) or OP_ARCHITECTURES.get(name)
+            or LARGE_ARCHITECTURES[name])
 
 
 def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

@@ -6,7 +6,7 @@ PyTorch's own float32 error, which shows how ill-conditioned the model is; the t
 at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
 tool's own one-line message.
 
-    python tools/real_models.py [--models resnet18,gpt | --more] [--exporters legacy,dynamo] [--time-limit 30]
+    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo] [--time-limit 30]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
-from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, architecture, export, make
+from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, OP_ARCHITECTURES, architecture, export, make
 from torch.nn import functional as F
 
 from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
@@ -50,6 +50,8 @@ class Outcome:
     exporter: str
     opset: int = 0
     nodes: int = 0
+    op_types: tuple[str, ...] = ()
+    """The exported model's distinct op types (listed by `--ops`: which ops each exporter writes)."""
     infer_recomputes: int | None = None
     infer_difference: float | None = None
     prepare_seconds: float | None = None
@@ -128,17 +130,21 @@ def check_inference(name: str, path: Path, outcome: Outcome, time_limit: float) 
     outcome.infer_difference = max(relative_difference(got[k], v) for k, v in want.items())
 
 
-def torch_gradients(name: str, label: np.ndarray, dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
-    """The module's loss and parameter gradients in training mode and in `dtype`, from PyTorch autograd."""
+def torch_gradients(name: str, label: np.ndarray | None, dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
+    """The module's loss and parameter gradients in training mode and in `dtype`, from PyTorch autograd (`label`
+    None for the loss "sum")."""
     module, _ = make(name)
     module.train().to(dtype)
     torch.manual_seed(1)
     inputs = [x.to(dtype) if x.is_floating_point() else x for x in architecture(name).inputs()]
     output = module(*inputs)
-    target = torch.from_numpy(label)
-    target = target.to(dtype) if target.is_floating_point() else target
-    cross_entropy = architecture(name).loss == "cross-entropy"
-    loss = F.cross_entropy(output, target) if cross_entropy else F.mse_loss(output, target)
+    kind = architecture(name).loss
+    if label is None:
+        loss = output.sum()
+    else:
+        target = torch.from_numpy(label)
+        target = target.to(dtype) if target.is_floating_point() else target
+        loss = F.cross_entropy(output, target) if kind == "cross-entropy" else F.mse_loss(output, target)
     loss.backward()
     grads = {k: p.grad.numpy() for k, p in module.named_parameters() if p.grad is not None}
     return loss.item(), grads
@@ -181,9 +187,11 @@ def float64_step_outputs(path: Path, options: TrainingOptions, feeds: dict[str, 
 
 
 def training_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Example inputs and a seeded label of the shape and type the training step declares."""
+    """Example inputs and a seeded label of the shape and type the training step declares, if it has one."""
     feeds = example_feeds(name, model)
-    label = next(i for i in model.graph.input if i.name == "label")
+    label = next((i for i in model.graph.input if i.name == "label"), None)
+    if label is None:
+        return feeds
     shape = [d.dim_value for d in label.type.tensor_type.shape.dim]
     rng = np.random.default_rng(2)
     if label.type.tensor_type.elem_type == onnx.TensorProto.INT64:
@@ -212,12 +220,12 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
     outcome.prepare_seconds = time.perf_counter() - start
     feeds = training_feeds(name, step)
     built = run(step, feeds)
-    loss, grads = torch_gradients(name, feeds["label"], torch.float64)
+    loss, grads = torch_gradients(name, feeds.get("label"), torch.float64)
     errors = gradient_errors(built, loss, grads)
     outcome.gradient_error = max(errors)
     outcome.gradients_compared = len(errors) - 1
     outcome.gradients_written = sum(k.startswith(GRAD_PREFIX) for k in built)
-    torch_loss, torch_grads = torch_gradients(name, feeds["label"], torch.float32)
+    torch_loss, torch_grads = torch_gradients(name, feeds.get("label"), torch.float32)
     outcome.torch_float32_error = max(gradient_errors(
         {"loss": np.array(torch_loss), **{GRAD_PREFIX + k: v for k, v in torch_grads.items()}}, loss, grads))
     if outcome.gradient_error > outcome.allowed_gradient_error():
@@ -245,6 +253,7 @@ def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> O
     model = onnx.load(str(path), load_external_data=False)
     outcome.opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     outcome.nodes = len(model.graph.node)
+    outcome.op_types = tuple(sorted({node.op_type for node in model.graph.node}))
     training_path = export(name, exporter, folder / f"{name}.{exporter}.train.onnx", training=True)
     for stage, model_path in ((check_inference, path), (check_training, training_path)):
         try:
@@ -282,16 +291,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ARCHITECTURES))
     parser.add_argument("--more", action="store_true", help="the architectures beyond the matrix instead")
+    parser.add_argument("--ops", action="store_true", help="one small module per op with a gradient rule instead")
     parser.add_argument("--exporters", default=",".join(EXPORTERS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
     args = parser.parse_args()
     outcomes = []
     with tempfile.TemporaryDirectory() as folder:
-        for name in MORE_ARCHITECTURES if args.more else args.models.split(","):
+        names = MORE_ARCHITECTURES if args.more else OP_ARCHITECTURES if args.ops else args.models.split(",")
+        for name in names:
             for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
                 outcomes.append(check(name, exporter, Path(folder), args.time_limit))
                 print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(outcomes))
+    if args.ops:
+        print("\n| model | exporter | op types written |\n| --- | --- | --- |")
+        print("\n".join(f"| {o.model} | {o.exporter} | {' '.join(o.op_types)} |" for o in outcomes))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ MIN_OPSET = 14
 arrives at 14); an older model is converted up to it, a newer one is kept at its own opset."""
 TRAINING_DOMAINS = frozenset({"ai.onnx.preview.training"})
 TRAINING_OPS = frozenset({
-    "InPlaceAccumulator", "ZeroGradient", "BatchNormInternal", "SoftmaxCrossEntropyLossInternal",
-    "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "YieldOp", "SGDOptimizer", "AdamOptimizer",
-    "AdamWOptimizer", "PassThrough", "ConcatTraining",
+    "InPlaceAccumulator", "ZeroGradient", "BatchNormInternal", "SoftmaxCrossEntropyLossInternal", "YieldOp",
+    "SGDOptimizer", "AdamOptimizer", "AdamWOptimizer", "PassThrough", "ConcatTraining",
 })
 
 

@@ -1,9 +1,9 @@
-"""Unroll LSTM and GRU nodes over their fixed sequence length into standard ops, so the existing gradient rules
+"""Unroll LSTM, GRU and RNN nodes over their fixed sequence length into standard ops, so the existing gradient rules
 differentiate them and the rematerializer can free and recompute single time steps.
 
 Covers what PyTorch's exporters write: forward, reverse and bidirectional; biases; initial states given or
-absent; layout 0 or 1; GRU with either linear_before_reset. Peepholes, clipping, input_forget, non-default
-activations and sequence_lens are refused with the node's name.
+absent; layout 0 or 1; GRU with either linear_before_reset; RNN with tanh or relu. Peepholes, clipping,
+input_forget, other activations and sequence_lens are refused with the node's name.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr, present
 from onnx_remat.passes.manager import named
 
-RECURRENT_OPS = ("LSTM", "GRU")
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 LSTM_GATES = 4  # i, o, f, c
 GRU_GATES = 3  # z, r, h
-DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+GATES = {"LSTM": LSTM_GATES, "GRU": GRU_GATES, "RNN": 1}
+DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+RNN_ACTIVATIONS = ("Tanh", "Relu")
+"""The RNN activations PyTorch writes (nn.RNN's nonlinearity), the same in both directions."""
 
 
 class _Steps:
@@ -72,7 +75,7 @@ class _Steps:
 
 
 def unroll_recurrences(model: ir.Model, info: GraphInfo) -> None:
-    """Replace every LSTM and GRU node of the model's graph by its unrolled form, in place."""
+    """Replace every LSTM, GRU and RNN node of the model's graph by its unrolled form, in place."""
     graph = model.graph
     for node in list(graph):
         if node.op_type in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
@@ -95,7 +98,7 @@ def _unroll(node: ir.Node, info: GraphInfo) -> list[ir.Node]:
         sequence = steps.op("Transpose", sequence, perm=[1, 0, 2])
     shape = info.shape(node.inputs[0])
     seq, batch = (shape[1], shape[0]) if layout else (shape[0], shape[1])
-    cell = _lstm_cell if node.op_type == "LSTM" else _gru_cell(attr_int(node, "linear_before_reset", 0))
+    cell = _cell(node)
     reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
     ys, finals_h, finals_c = [], [], []
     for d, backwards in enumerate(reverse):
@@ -142,11 +145,32 @@ def _direction_weights(steps: _Steps, op_type: str, w: ir.Value, r: ir.Value, b:
     recurrence_t = steps.op("Transpose", steps.pick(r, d))
     if not b:
         return _Weights(input_t, recurrence_t, None, None)
-    gates = LSTM_GATES if op_type == "LSTM" else GRU_GATES
-    wb, rb = steps.split(steps.pick(b, d), 2, gates * hidden, 0)
-    if op_type == "LSTM":
+    wb, rb = steps.split(steps.pick(b, d), 2, GATES[op_type] * hidden, 0)
+    if op_type != "GRU":
         return _Weights(input_t, recurrence_t, steps.op("Add", wb, rb), None)
     return _Weights(input_t, recurrence_t, wb, rb)
+
+
+Cell = Callable[[_Steps, ir.Value, ir.Value, ir.Value | None, _Weights, int], tuple[ir.Value, ir.Value | None]]
+
+
+def _cell(node: ir.Node) -> Cell:
+    """The step function of the node's op and attributes."""
+    if node.op_type == "LSTM":
+        return _lstm_cell
+    if node.op_type == "GRU":
+        return _gru_cell(attr_int(node, "linear_before_reset", 0))
+    return _rnn_cell((attr_strs(node, "activations") if has_attr(node, "activations") else ["Tanh"])[0])
+
+
+def _rnn_cell(activation: str) -> Cell:
+    """One RNN step: H = f(x W^T + h R^T + Wb + Rb)."""
+
+    def cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+             ) -> tuple[ir.Value, ir.Value | None]:
+        return steps.op(activation, steps.op("Add", xw, steps.op("MatMul", h, weights.recurrence_t))), None
+
+    return cell
 
 
 def _lstm_cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
@@ -159,8 +183,7 @@ def _lstm_cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, wei
     return steps.op("Mul", o, steps.op("Tanh", c)), c
 
 
-def _gru_cell(linear_before_reset: int) -> Callable[[_Steps, ir.Value, ir.Value, ir.Value | None, _Weights, int],
-                                                   tuple[ir.Value, ir.Value | None]]:
+def _gru_cell(linear_before_reset: int) -> Cell:
     """One GRU step (gates z, r, h): H = (1-z)*h + z*H, the candidate reset before or after its linear map."""
 
     def cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
@@ -205,7 +228,8 @@ def _refuse_unsupported(node: ir.Node) -> None:
     if has_attr(node, "activations"):
         names = attr_strs(node, "activations")
         default = DEFAULT_ACTIVATIONS[node.op_type]
-        if names != default * (len(names) // len(default)):
+        allowed = [[a] for a in RNN_ACTIVATIONS] if node.op_type == "RNN" else [default]
+        if not any(names == a * (len(names) // len(a)) for a in allowed):
             problems.append(f"activations {names}")
     if problems:
         raise ModelError(f"{node.op_type} {node.name!r} uses {', '.join(problems)}, which training does not "

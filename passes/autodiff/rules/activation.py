@@ -109,3 +109,30 @@ def celu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Va
     x, alpha = present(node.inputs[0]), attr_float(node, "alpha", 1.0)
     negative = e.op("Mul", dys[0], e.op("Exp", e.scale(x, 1 / alpha)))
     return {0: e.op("Where", e.op("Greater", x, e.scalar(0.0)), dys[0], negative)}
+
+
+def softsign(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x / (1 + |x|): slope 1 / (1 + |x|)^2."""
+    denominator = e.op("Add", e.scalar(1.0), e.op("Abs", present(node.inputs[0])))
+    return {0: e.op("Div", dys[0], e.op("Mul", denominator, denominator))}
+
+
+def shrink(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x -/+ bias outside [-lambd, lambd], 0 inside: dy where |x| > lambd (x < -lambd or x > lambd)."""
+    x, lambd = present(node.inputs[0]), attr_float(node, "lambd", 0.5)
+    outside = e.op("Or", e.op("Less", x, e.scalar(-lambd)), e.op("Greater", x, e.scalar(lambd)))
+    return {0: e.op("Where", outside, dys[0], e.scalar(0.0))}
+
+
+def thresholded_relu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """x where x > alpha, else 0: dy where x > alpha."""
+    above = e.op("Greater", present(node.inputs[0]), e.scalar(attr_float(node, "alpha", 1.0)))
+    return {0: e.op("Where", above, dys[0], e.scalar(0.0))}
+
+
+def swish(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Swish (opset 24), x sigmoid(alpha x): slope s + alpha x s (1 - s), s = sigmoid(alpha x)."""
+    x, alpha = present(node.inputs[0]), attr_float(node, "alpha", 1.0)
+    s = e.op("Sigmoid", e.scale(x, alpha))
+    bend = e.op("Mul", e.scale(x, alpha), e.op("Mul", s, e.op("Sub", e.scalar(1.0), s)))
+    return {0: e.op("Mul", dys[0], e.op("Add", s, bend))}

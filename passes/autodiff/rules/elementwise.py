@@ -38,6 +38,12 @@ def sub(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     return _to_inputs(e, node, grads, needs)
 
 
+def mean(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """d((a+b+...)/n) = dy/n for every input."""
+    share = e.scale(dys[0], 1 / len(node.inputs))
+    return _to_inputs(e, node, dict.fromkeys(range(len(node.inputs)), share), needs)
+
+
 def mul(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """d(a*b) = (dy*b, dy*a)."""
     a, b = node.inputs[:2]
@@ -52,6 +58,17 @@ def div(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Val
     grads = {0: da}
     if needs[1]:
         grads[1] = e.op("Neg", e.op("Mul", da, y))
+    return _to_inputs(e, node, grads, needs)
+
+
+def mod(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Float Mod (fmod=1: a - trunc(a/b) b, as torch.fmod): (dy, -dy trunc(a/b)); trunc as sign times floor of |.|."""
+    a, b = node.inputs[:2]
+    grads = {0: dys[0]}
+    if needs[1]:
+        quotient = e.op("Div", a, b)
+        truncated = e.op("Mul", e.op("Sign", quotient), e.op("Floor", e.op("Abs", quotient)))
+        grads[1] = e.op("Neg", e.op("Mul", dys[0], truncated))
     return _to_inputs(e, node, grads, needs)
 
 
@@ -185,16 +202,6 @@ def extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, i
     hits = [e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for x in node.inputs]
     share = e.op("Div", dys[0], e.op("Sum", *hits))
     return _to_inputs(e, node, {i: e.op("Mul", share, hit) for i, hit in enumerate(hits) if needs[i]}, needs)
-
-
-def sin(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """dy * cos(x)."""
-    return {0: e.op("Mul", dys[0], e.op("Cos", node.inputs[0]))}
-
-
-def cos(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """-dy * sin(x)."""
-    return {0: e.op("Neg", e.op("Mul", dys[0], e.op("Sin", node.inputs[0])))}
 
 
 def piecewise_constant(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:

@@ -93,8 +93,8 @@ def scatter_nd(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int,
     positions = _wrapped_nd(e, indices, e.info.shape(data))
     grads = {}
     if needs[0]:
-        overwritten = e.op("ScatterND", dys[0], positions, e.zeros(e.info.shape(updates)))
-        grads[0] = dys[0] if reduction == "add" else overwritten
+        grads[0] = dys[0] if reduction == "add" else e.op("ScatterND", dys[0], positions,
+                                                         e.zeros(e.info.shape(updates)))
     if needs[2]:
         grads[2] = e.op("GatherND", dys[0], positions)
     return grads
@@ -105,3 +105,21 @@ def top_k(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.V
     shape = e.info.shape(node.inputs[0])
     axis = attr_int(node, "axis", -1) % len(shape)
     return {0: e.op("ScatterElements", e.zeros(shape), node.outputs[1], dys[0], axis=axis)}
+
+
+def scatter_elements(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
+    """Data: dy where nothing was written over it (all of dy for reduction="add"); updates: dy gathered from
+    where they went, along the same axis (torch.scatter and scatter_add)."""
+    reduction = attr_str(node, "reduction", "none")
+    if reduction not in ("none", "add"):
+        raise ModelError(f"ScatterElements {node.name!r}: only reduction none or add has a gradient here, not "
+                         f"{reduction!r}")
+    data, indices, updates = (present(v) for v in node.inputs[:3])
+    axis = attr_int(node, "axis", 0) % len(e.info.shape(data))
+    grads = {}
+    if needs[0]:
+        grads[0] = dys[0] if reduction == "add" else e.op(
+            "ScatterElements", dys[0], indices, e.zeros(e.info.shape(updates)), axis=axis)
+    if needs[2]:
+        grads[2] = e.op("GatherElements", dys[0], indices, axis=axis)
+    return grads

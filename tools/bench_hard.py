@@ -8,9 +8,11 @@ percentages above it. Per problem, budget and solver: status, objective and boun
 --repeats), and the backend's own seconds (HiGHS on the Checkmate MILP without warm start, the root of
 every solve) beside the whole `solve()` (warm starts, memory-cut bound, the portfolio for "auto").
 
-Run: python tools/bench_hard.py [--problems A.json,B.json] [--above 1,5] [--solvers highs,auto] [--repeats 3]
+Run: python tools/bench_hard.py [--problems A.json,B.json] [--above 1,5] [--solvers milp,auto] [--repeats 3]
      [--time-limit 60] [--no-graphs]
-To compare two versions in one run, run it with PYTHONPATH pointing at the other checkout for the "before" column.
+For a "before" column beside it, run it at the same time with PYTHONPATH at an older tree (`git archive` of a
+commit, with onnx_remat/passes a link to its passes/): the package, and the command line it starts, are then that
+tree's.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def emitted_problem(model: onnx.ModelProto, directory: Path, name: str) -> Probl
 
 def run_milp(problem: Problem, time_limit: float) -> Run:
     """HiGHS alone on the MILP, no warm start: what the formulation proves by itself (its schedule's unread
-    computations pruned, as solve() does)."""
+    computations pruned and the bound clamped to the objective, as solve() does)."""
     model = build_model(problem)
     start = time.perf_counter()
     outcome = solve_highs(model.milp, time_limit)
@@ -116,6 +116,8 @@ def run_milp(problem: Problem, time_limit: float) -> Run:
     schedule = None if outcome.x is None else prune_unread(problem, model.schedule(outcome.x))
     objective = None if schedule is None else check_schedule(problem, schedule).total_cost
     bound = None if outcome.bound is None else outcome.bound * model.objective_unit
+    if bound is not None and objective is not None:
+        bound = min(bound, objective)  # a bound on the frontier-advancing form, which pruning can undercut
     return Run(str(outcome.status), objective, bound, seconds)
 
 

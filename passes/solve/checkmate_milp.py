@@ -19,7 +19,8 @@ FREE only has to stay below the product R[d,t,k] * (1 - S[d,t+1,i]) * prod(1 - R
 readers j of i on d (for k == i, R[d,t,i] + S[d,t,i] instead of R[d,t,k]): a free the solver leaves out
 only overestimates memory, and the schedule extracted from R, S and C frees every output at its last use
 anyway. So FREE is continuous and bounded by each factor, which is exact for 0/1 values and tighter in
-the LP relaxation than Checkmate's hazard rows.
+the LP relaxation than Checkmate's hazard rows; an output's frees in one stage also sum to at most
+1 - S[d,t+1,i] and to at most what brought it there less what keeps it (_free_rows).
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     _stage_rows(problem, b, r, s, c)
     _once_rows(problem, b, r)
     _copy_rows(problem, b, r, s, c)
-    _free_rows(problem, b, r, s, frees, free_cols)
+    _free_rows(problem, b, (r, s, c), frees, free_cols)
     _memory_rows(problem, b, (r, s, c, u, kept), frees, free_cols, memory_unit)
     peak_col = _limit_rows(problem, b, r, u, memory_unit, peak)
     unit = memory_unit if peak else cost_unit
@@ -348,18 +349,29 @@ def _copy_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, c
 
 
 def _free_rows(
-    problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, frees: tuple[FreeVar, ...], cols: np.ndarray
+    problem: Problem, b: MilpBuilder, rsc: tuple[np.ndarray, ...], frees: tuple[FreeVar, ...], cols: np.ndarray
 ) -> None:
-    """FREE[d,t,i,k] <= R[d,t,k] (k == i: + S[d,t,i]), <= 1 - S[d,t+1,i], <= 1 - R[d,t,j] for readers j after k."""
+    """FREE[d,t,i,k] <= R[d,t,k] (k == i: + S[d,t,i]), <= 1 - R[d,t,j] for readers j after k; and i's frees in a
+    stage together (at most one is 1: the last reader's) <= 1 - S[d,t+1,i] and <= R + S + copies in - S[d,t+1,i].
+
+    The last row is what the per-FREE bounds miss in the LP relaxation: with S[d,t,i] = S[d,t+1,i] = 0.4, each FREE
+    could be 0.4, so the relaxation held 0.4 of a tensor and freed it again in every stage, and proved no more than
+    computing every operator once (concat22: its root bound 5.30 against the optimum 6.31)."""
+    r, s, c = rsc
+    grouped: dict[tuple[int, int, int], list[int]] = {}
     for f, col in zip(frees, cols, strict=True):
         col = int(col)
+        grouped.setdefault((f.d, f.t, f.i), []).append(col)
         b.at_most(col, [r[f.d, f.t, f.k]] + ([s[f.d, f.t, f.i]] if f.k == f.i else []))
-        kept = s[f.d, f.t + 1, f.i]
-        if kept >= 0:
-            b.row([col, int(kept)], [1.0, 1.0], -math.inf, 1.0)
         for j in problem.successors[f.i]:
             if f.k < j <= f.t:
                 b.row([col, int(r[f.d, f.t, j])], [1.0, 1.0], -math.inf, 1.0)
+    for (d, t, i), group in grouped.items():
+        kept = [int(s[d, t + 1, i])] if s[d, t + 1, i] >= 0 else []
+        freed = [*group, *kept]
+        b.row(freed, [1.0] * len(freed), -math.inf, 1.0)
+        present = [int(col) for col in (r[d, t, i], s[d, t, i], *c[:, d, t, i]) if col >= 0]
+        b.row([*freed, *present], [1.0] * len(freed) + [-1.0] * len(present), -math.inf, 0.0)
 
 
 def _kept_columns(problem: Problem, b: MilpBuilder, r: np.ndarray, memory_unit: float) -> np.ndarray:

@@ -67,6 +67,7 @@ from onnx_remat.passes.sizes import PAGE_BYTES
 from onnx_remat.passes.verdict import near_budget
 
 _LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
+WATCHED_RUNS = 3  # runs a child watches after its warm-up; it reports their median
 
 
 @dataclass(frozen=True)
@@ -85,15 +86,15 @@ def with_measured_peaks(
     names = [device.name for device in plan.devices]
     budgets = [run.budgets.get(name) for name in names]
     with _measuring_folder(plan, feeds) as folder:
-        samples = [_measure_in(folder, runs=3).peak_bytes]
+        samples = [_measure_in(folder, WATCHED_RUNS).peak_bytes]
         if any(near_budget(peak, budget) for peak, budget in zip(samples[0], budgets, strict=True)):
-            samples += [_measure_in(folder, runs=3).peak_bytes for _ in range(processes - 1)]
+            samples += [_measure_in(folder, WATCHED_RUNS).peak_bytes for _ in range(processes - 1)]
     return replace(run, measured_peak_samples={
         name: tuple(peaks[d] for peaks in samples) for d, name in enumerate(names)
     })
 
 
-def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = 3) -> MeasuredPeaks:
+def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = WATCHED_RUNS) -> MeasuredPeaks:
     """Each device's peak bytes while `plan` runs on `feeds`, measured in a fresh process (median of `runs`)."""
     with _measuring_folder(plan, feeds) as folder:
         return _measure_in(folder, runs)

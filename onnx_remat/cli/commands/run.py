@@ -60,9 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-processes", type=int, default=DEFAULT_MEMORY_PROCESSES, metavar="N",
                         help="fresh processes measuring the peaks when the first lands within "
                         f"{NEAR_SHARE * 100:.0f}%% of a budget ({format_bytes(NEAR_BYTES)} at least) or over it; a "
-                        "device is over budget only if "
-                        "every one measured it over, and within the measurement's spread if only some did (default "
-                        f"{DEFAULT_MEMORY_PROCESSES}; 1 trusts one process)")
+                        "device is over budget only if every one measured it over, and within the measurement's "
+                        f"spread if only some did (default {DEFAULT_MEMORY_PROCESSES}; 1 trusts one process)")
     parser.add_argument("--inputs", metavar="FEEDS.npz", help="graph inputs by name (default: random values)")
     parser.add_argument("--outputs", metavar="OUT.npz", help="write the graph outputs by name")
     parser.add_argument("--check", action="store_true",

@@ -1,7 +1,7 @@
 """Run a rewritten model on the devices it was placed on: the Python side of `onnx-remat run`.
 
     run = onnx_remat.run_on_devices("out.onnx", "devices/ort-cpu+ov-cpu.toml")
-    run.outputs, run.seconds, run.predicted_peak_bytes, run.measured_peak_bytes, run.within_budgets
+    run.outputs, run.seconds, run.predicted_peak_bytes, run.measured_peak_bytes, run.verdicts, run.within_budgets
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import onnx
 from onnx_remat.core.budget import Budget
 from onnx_remat.core.devices import Device, budgets_by_name, get_devices, parse_device_budgets
 from onnx_remat.core.errors import ModelError, UsageError
-from onnx_remat.core.options import DEFAULT_REPEATS
+from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES, DEFAULT_REPEATS
 from onnx_remat.core.tags import read_budgets
 from onnx_remat.passes import load
 from onnx_remat.passes.execute import random_feeds
@@ -30,11 +30,13 @@ def run_on_devices(
     budget: str | None = None,
     repeats: int = DEFAULT_REPEATS,
     measure_memory: bool = True,
+    memory_processes: int = DEFAULT_MEMORY_PROCESSES,
 ) -> DeviceRun:
     """Execute a model written by onnx-remat on `devices` (a preset, a device file or Devices): each device's
     segments on its runtime, tensors handed across at the copy nodes; outputs, measured time, predicted peaks and,
-    with `measure_memory`, measured peaks (a fresh process runs the model again: `passes/measure_devices.py`),
-    which `within_budgets` then goes by.
+    with `measure_memory`, measured peaks (a fresh process runs the model again: `passes/measure_devices.py`; up to
+    `memory_processes` in all when the first lands near a budget or over it), which `verdicts` and `within_budgets`
+    then go by: a device is over its budget only when every process measured it over (`passes/verdict.py`).
 
     `feeds`: the graph inputs (default: reproducible random values). `budget`: bytes to compare each device's peak
     with, for all (`2GiB`) or per device (`cpu=2GiB,gpu=512MiB`); a device not named there is compared with the
@@ -43,12 +45,14 @@ def run_on_devices(
     """
     if repeats < 1:
         raise UsageError(f"repeats must be at least 1, not {repeats}")
+    if memory_processes < 1:
+        raise UsageError(f"memory processes must be at least 1, not {memory_processes}: 1 trusts one process")
     model = load.load_model(model)
     devices = get_devices(devices)
     feeds = input_values(model, feeds)
     plan = build_plan(model, devices)
     run = execute(plan, feeds, repeats, _budgets(model, devices, budget))
-    return with_measured_peaks(run, plan, feeds) if measure_memory else run
+    return with_measured_peaks(run, plan, feeds, memory_processes) if measure_memory else run
 
 
 def input_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:

@@ -14,13 +14,15 @@ measured peak at a step is
   + what its runtime kept from the warm-up run (below)
   + for a segment on the device: VmHWM - VmRSS before it (its outputs, intermediates and scratch)
 
-taken as the largest over the steps that touch the device (its segments and the copies into it), the median over
-the watched runs. "Kept" is honest about engines that hold memory between calls: in the warm-up run each segment's
-rise in RSS beyond the outputs it hands over stays resident for every later run, so it is added to its device's
-memory from then on. With the runtimes of `runtimes` (bindings cleared, OpenVINO requests and intermediate memory
-released after each call) it is near zero; a runtime that caches buffers shows up here rather than hiding in the
-resident set before the step. Not counted: the host's part of a copy (the array in host memory while it moves),
-graph inputs held on the host, and the engines' code, graphs and compiled kernels.
+taken as the largest over the steps that touch the device (its segments and the copies into it), the median over the
+watched runs. `with_measured_peaks` measures in one such process, and in more when that one lands near a budget or over
+it (`verdict`): the heap's layout, and so the peak, moves from one process to the next. "Kept" is honest about engines
+that hold memory between calls: in the warm-up run each segment's rise in RSS beyond the outputs it hands over stays
+resident for every later run, so it is added to its device's memory from then on. With the runtimes of `runtimes`
+(bindings cleared, OpenVINO requests and intermediate memory released after each call) it is near zero; a runtime that
+caches buffers shows up here rather than hiding in the resident set before the step. Not counted: the host's part of a
+copy (the array in host memory while it moves), graph inputs held on the host, and the engines' code, graphs and
+compiled kernels.
 
 Page granularity and allocator slack make small tensors measure poorly. glibc maps a block of 4 KiB or more on its
 own only when it has to grow: a free chunk of the heap large enough serves it first, so a held value takes whole pages
@@ -39,6 +41,7 @@ small tensors the predictions hold at their peak, not beside them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -46,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,12 +59,15 @@ import onnx
 import onnxruntime as ort
 
 from onnx_remat.core.devices import Device
+from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES
 from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
 from onnx_remat.passes.sizes import PAGE_BYTES
+from onnx_remat.passes.verdict import near_budget
 
 _LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
+WATCHED_RUNS = 3  # runs a child watches after its warm-up; it reports their median
 
 
 @dataclass(frozen=True)
@@ -71,28 +78,49 @@ class MeasuredPeaks:
     kept_bytes: tuple[int, ...]
 
 
-def with_measured_peaks(run: DeviceRun, plan: Plan, feeds: dict[str, np.ndarray]) -> DeviceRun:
-    """`run` (of `plan` on `feeds`) with each device's measured peak bytes, which `within_budgets` then goes by."""
+def with_measured_peaks(
+    run: DeviceRun, plan: Plan, feeds: dict[str, np.ndarray], processes: int = DEFAULT_MEMORY_PROCESSES
+) -> DeviceRun:
+    """`run` (of `plan` on `feeds`) with each device's peak bytes measured in a fresh process, and in `processes` in
+    all when that lands near a device's budget or over it (`verdict.near_budget`), which `verdicts` then go by."""
     names = [device.name for device in plan.devices]
-    peaks = measure_device_peaks(plan, feeds).peak_bytes
-    return replace(run, measured_peak_bytes=dict(zip(names, peaks, strict=True)))
+    budgets = [run.budgets.get(name) for name in names]
+    with _measuring_folder(plan, feeds) as folder:
+        samples = [_measure_in(folder, WATCHED_RUNS).peak_bytes]
+        if any(near_budget(peak, budget) for peak, budget in zip(samples[0], budgets, strict=True)):
+            samples += [_measure_in(folder, WATCHED_RUNS).peak_bytes for _ in range(processes - 1)]
+    return replace(run, measured_peak_samples={
+        name: tuple(peaks[d] for peaks in samples) for d, name in enumerate(names)
+    })
 
 
-def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = 3) -> MeasuredPeaks:
+def measure_device_peaks(plan: Plan, feeds: dict[str, np.ndarray], runs: int = WATCHED_RUNS) -> MeasuredPeaks:
     """Each device's peak bytes while `plan` runs on `feeds`, measured in a fresh process (median of `runs`)."""
+    with _measuring_folder(plan, feeds) as folder:
+        return _measure_in(folder, runs)
+
+
+@contextlib.contextmanager
+def _measuring_folder(plan: Plan, feeds: dict[str, np.ndarray]) -> Iterator[Path]:
+    """A temporary folder holding what the child reads: the plan's model, the feeds and the devices."""
     with tempfile.TemporaryDirectory(prefix="onnx_remat_measure_") as workdir:
         folder = Path(workdir)
         _save_model(plan.model, folder / "model.onnx")
         np.savez(folder / "feeds.npz", **feeds)  # type: ignore[arg-type]  # numpy's stubs match **kwds to allow_pickle
         (folder / "devices.json").write_text(json.dumps([asdict(device) for device in plan.devices]))
-        environment = dict(os.environ, **MALLOC_ENV)
-        done = subprocess.run(
-            [sys.executable, "-P", "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
-            capture_output=True, text=True, env=environment,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"measuring device memory failed: {done.stderr.strip()[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        yield folder
+
+
+def _measure_in(folder: Path, runs: int) -> MeasuredPeaks:
+    """Run the child in a fresh process on what `folder` holds: its measured peaks (median of `runs`)."""
+    environment = dict(os.environ, **MALLOC_ENV)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
+        capture_output=True, text=True, env=environment,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring device memory failed: {done.stderr.strip()[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     return MeasuredPeaks(tuple(result["peak_bytes"]), tuple(result["kept_bytes"]))
 
 

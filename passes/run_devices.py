@@ -14,7 +14,8 @@ reference to a value after the last step that reads it.
 
 Time is measured: whole runs after warm-up runs, median over the repeats; per device the time inside its segments,
 the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted here and measured by
-`measure_devices` (a fresh process, the high-water mark reset around every step: `with_measured_peaks`).
+`measure_devices` (fresh processes, the high-water mark reset around every step: `with_measured_peaks`), and judged
+against the budgets within the spread of those processes (`verdict`).
 A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
 step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
@@ -45,6 +46,7 @@ from onnx_remat.passes.runtime_kept import kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.passes.verdict import Verdict, judge
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
 # Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several
@@ -101,7 +103,8 @@ class Plan:
 @dataclass(frozen=True)
 class DeviceRun:
     """What running a plan gave: the graph outputs, measured seconds (median over repeats) in total, per device and
-    for handoffs, each device's predicted and (if asked) measured peak bytes, and its budget (None: none known)."""
+    for handoffs, each device's predicted and (if asked) measured peak bytes, one per fresh process, and its budget
+    (None: none known)."""
 
     outputs: dict[str, np.ndarray]
     seconds: float
@@ -111,17 +114,31 @@ class DeviceRun:
     budgets: dict[str, int | None]
     segments: dict[str, int]
     copies: int
-    measured_peak_bytes: dict[str, int] | None = None
+    measured_peak_samples: dict[str, tuple[int, ...]] | None = None
+
+    @property
+    def measured_peak_bytes(self) -> dict[str, int] | None:
+        """Each device's measured peak, the median over the processes measuring it (None: not measured)."""
+        if self.measured_peak_samples is None:
+            return None
+        return {name: int(statistics.median(peaks)) for name, peaks in self.measured_peak_samples.items()}
 
     @property
     def peak_bytes(self) -> dict[str, int]:
-        """The peaks compared with the budgets: measured if measured, else predicted."""
-        return self.predicted_peak_bytes if self.measured_peak_bytes is None else self.measured_peak_bytes
+        """The peaks stated against the budgets: measured (median) if measured, else predicted."""
+        measured = self.measured_peak_bytes
+        return self.predicted_peak_bytes if measured is None else measured
+
+    @property
+    def verdicts(self) -> dict[str, Verdict]:
+        """Each budgeted device's verdict (`verdict.judge`) on its measured peaks if measured, else its predicted."""
+        samples = self.measured_peak_samples or {name: (peak,) for name, peak in self.predicted_peak_bytes.items()}
+        return {name: judge(samples[name], budget) for name, budget in self.budgets.items() if budget is not None}
 
     @property
     def within_budgets(self) -> bool:
-        """Whether every device with a budget peaks within it (measured peaks if measured)."""
-        return all(budget is None or self.peak_bytes[name] <= budget for name, budget in self.budgets.items())
+        """Whether no device is over its budget: some measurement within it is enough (`verdict`)."""
+        return Verdict.OVER not in self.verdicts.values()
 
 
 def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:

@@ -60,7 +60,7 @@ EXIT_CODES = """exit codes:
   5  output cannot be written (exists without --force, same as input, missing directory)
   6  the solver found no schedule in the time limit
   7  a schedule failed the simulator (a bug: please report it)
-  8  onnx-remat run measured a device over its budget
+  8  onnx-remat run measured a device over its budget in every fresh process
   130 interrupted (Ctrl-C); 143 and 129 stopped by SIGTERM and SIGHUP"""
 
 

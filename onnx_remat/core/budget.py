@@ -73,11 +73,11 @@ def parse_budget(text: str) -> Budget:
     return Budget(absolute_bytes=value)
 
 
-def format_bytes(count: float) -> str:
-    """Human-readable binary size, e.g. `12.5 MiB`."""
+def format_bytes(count: float, digits: int = 1) -> str:
+    """Human-readable binary size with `digits` decimals, e.g. `12.5 MiB`."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.{digits}f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
 

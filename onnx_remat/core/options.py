@@ -39,6 +39,8 @@ DEFAULT_MAX_BATCH = 4096
 """The largest batch the max-batch search tries (onnx_remat.batch)."""
 DEFAULT_REPEATS = 10
 """Timed runs of a model on its devices, after a warm-up (onnx_remat.execution)."""
+DEFAULT_MEMORY_PROCESSES = 3
+"""Fresh processes measuring a run's peaks when the first lands near a budget or over it (onnx_remat.passes.verdict)."""
 
 
 @dataclass(frozen=True)

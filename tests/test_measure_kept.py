@@ -3,6 +3,8 @@ in a fresh process peaks within the predictions that count it, and above them wi
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -31,7 +33,9 @@ def test_measured_peak_of_many_small_nodes_is_within_the_predictions_with_what_t
     result = onnx_remat.remat(node_chain(), budget="100%")
     plan = build_plan(result.model, get_devices("cpu"))
     feeds = {"x": np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)}
-    measured = measure_device_peaks(plan, feeds).peak_bytes[0]
+    # The median of three fresh processes: one alone spreads by up to 150 KiB on peaks this small
+    # (docs/measurements.md), and measured 594 KB against 507 predicted once on a loaded machine.
+    measured = statistics.median(measure_device_peaks(plan, feeds).peak_bytes[0] for _ in range(3))
     kept = plan.kept_bytes[0]
     predicted = result.report.predicted_peak_bytes
     assert plan.peak_bytes[0] == pytest.approx(predicted, rel=0.01)

@@ -152,8 +152,10 @@ RUN_SECONDS_PER_OPERATOR = 5e-8
 8.1e-5 s a run on DenseNet-121's training step (1531 operators), 7.7e-6 on the README's U-Net (176; measured)."""
 SEARCH_FLOOR_SECONDS = 0.2
 """CPU seconds of the eviction search that any time limit, even 0, pays for: small problems' whole search (the README's
-U-Net's takes 4k operator runs of the 22k it pays for; DenseNet-121's training step gets one budget's, 15k of the 37k
-its whole search takes)."""
+U-Net's takes 4k operator runs of the 22k it pays for)."""
+FIRST_TRY_RUNS = 2
+"""Operator runs per operator that any time limit, even 0, pays for: the first budget tried, a baseline's peak, where
+the heuristic fits with about one (DenseNet-121's training step 1.0; measured)."""
 
 
 def eviction_runs(problem: Problem) -> int:
@@ -164,11 +166,11 @@ def eviction_runs(problem: Problem) -> int:
 def search_runs(problem: Problem, seconds: float, slowdown: float = 1.0) -> int:
     """Operator runs the minimum search's eviction heuristic may try in all in `seconds` on a machine `slowdown` times
     slower than an idle one: those an idle core runs in `seconds / slowdown` (at least SEARCH_FLOOR_SECONDS), and at
-    least one budget's (eviction_runs), so the first budget tried, which fits wherever the heuristic does, is never
-    cut short. A work bound that shrinks with the limit, never a race with the clock."""
+    least FIRST_TRY_RUNS per operator, for the first budget tried. A work bound that shrinks with the limit, never a
+    race with the clock (the solver's own warm start at the budget has its own, eviction_runs)."""
     idle_seconds = max(seconds / slowdown, SEARCH_FLOOR_SECONDS)
     per_run = max(1, problem.num_ops) * RUN_SECONDS_PER_OPERATOR
-    return max(eviction_runs(problem), int(idle_seconds / per_run))
+    return max(FIRST_TRY_RUNS * problem.num_ops, int(idle_seconds / per_run))
 
 
 def _least_evicting(

@@ -3,8 +3,9 @@
 Runs the command (the arguments after `--`, given to the `onnx-remat` beside this python, with `--report` added) in
 rounds, each round once alone and once with `--hogs` busy-loop processes beside it, and prints a markdown table per
 run: the load average at its start, wall seconds, the solver's status and gap, the predicted time against keep-all,
-the budget and the minimum found; then the medians per load. The results should not depend on the load: the
-heuristics the solver starts from, and the minimum search's, are bounded by work, not by seconds.
+the budget and the minimum found; then the medians per load. The heuristics the solver starts from, and the minimum
+search's, are bounded by work, not by seconds; the command's time limit still holds under load, so where the load
+slows the stages it cannot shorten, the minimum search's work shrinks and costs may not be measured.
 
 With `--stages` each run is the command's work done stage by stage in a fresh process, as `onnx-remat` does it (the
 same parser, pipeline stages and output files), and a second table gives the wall seconds of each stage: the

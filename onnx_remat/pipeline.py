@@ -447,9 +447,9 @@ def _warn_if_late(time_limit: float | None, started: float, finish: float) -> No
     of `time_limit`: the command then ends past its limit, whatever the solver does."""
     spent = time.perf_counter() - started
     if time_limit is not None and spent + finish > time_limit:
-        warnings.warn(f"loading and preparing the model took {spent:.1f} s and writing the result needs about "
-                      f"{finish:.1f} s more, past the time limit of {time_limit:g} s: the schedule is the heuristics'; "
-                      f"raise --time-limit above {math.ceil(spent + finish):d} s for the solver to search",
+        warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs "
+                      f"about {finish:.1f} s more, past the time limit of {time_limit:g} s: the schedule is the "
+                      f"heuristics'; raise --time-limit above {math.ceil(spent + finish):d} s for the solver to search",
                       RematWarning, stacklevel=3)
 
 

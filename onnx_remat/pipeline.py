@@ -307,8 +307,8 @@ def _costs(
     chosen = cost_model or default_cost_model(len(devices))
     needs = _measure_seconds(prepared)
     if chosen != "analytic" and deadline is not None and time.perf_counter() + needs > deadline:
-        source = (f"roofline estimates: measuring {chosen} costs takes about {needs:.1f} s here, more than the time "
-                  "limit leaves it; a longer time limit measures them once, for the cache")
+        source = (f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
+                  f"(about {needs:.1f} s here); a longer time limit measures them once, for the cache")
         return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
     try:
         costed = costed_problem(prepared, devices, chosen, cache_dir, progress, deadline)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +22,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.budget import below_minimum, format_bytes
 from onnx_remat.core.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.core.errors import RematError, SolverError, UsageError, one_line
+from onnx_remat.core.errors import RematError, RematWarning, SolverError, UsageError, one_line
 from onnx_remat.core.files import check_outputs, write_together
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
@@ -55,11 +57,31 @@ from onnx_remat.resolve import Minima, resolve_budgets, search_seconds
 RACE_ROUNDS = 15
 """Rounds of running the candidate schedules in turn when picking by running."""
 PROFILE_SHARE = 0.25
-"""The most of the time limit left after preparing that measuring costs may take; past it the roofline serves, and
+"""The share of the time limit left after preparing that measuring costs may take; past it the roofline serves, and
 the summary says why (DenseNet-121's training step measured in-graph in 5 s of a 60 s limit)."""
-FINISH_SHARE = 0.1
-"""Share of the time limit kept from the minimum-budget search and the solver for what follows them: the report, the
-rewrite and writing the files (4.4 s of 60 on DenseNet-121's 1650-operator training step, measured)."""
+MEASURE_SHARE = 0.5
+"""The most of the time left after preparing that measuring costs may take where it needs more than PROFILE_SHARE:
+the README's main job at 30 s beside two busy loops needs about 5 s of the 14 s left (its costs measured, +2.2%
+predicted against keep-all, rather than the roofline's +3.6%)."""
+FINISH_SECONDS = 0.2
+"""What follows the solve takes beyond its work on an idle core: stopping the solver's workers, the process's exit."""
+FINISH_SECONDS_PER_NODE = 2.5e-4
+"""The rewrite, the report and serialising the model, per node of the prepared model, on an idle core: DenseNet-121's
+training step (5506 nodes, 28 MB of weights) 1.0 s and 0.8 s to write, the README's U-Net's (705) 0.07 s (measured)."""
+FINISH_SECONDS_PER_BYTE = 1e-8
+"""Writing the model's weights, per byte, on an idle core."""
+PLOT_SECONDS = 0.8
+"""Drawing the schedule (`RematOptions.plot`: importing matplotlib, rendering, writing the image) on an idle core:
+0.8-1.0 s for the README's U-Net (measured)."""
+PLOT_SECONDS_PER_NODE = 2e-4
+"""Drawing the schedule, per node of the prepared model, on an idle core."""
+MEASURE_SECONDS = 1.0
+"""Measuring the costs before their first deadline check (sessions, call overheads, a whole run), on an idle core."""
+MEASURE_SECONDS_PER_NODE = 5e-4
+"""Measuring the costs, per node of the prepared model, on an idle core: the README's U-Net's training step (705
+nodes) 2.0-2.4 s in all, DenseNet-121's (5506) 3.7-4.7 s (measured at load 5 from other work)."""
+MIN_TIMED_SECONDS = 0.01
+"""CPU seconds below which preparing is too short to tell the machine's load from (its slowdown is then 1)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,9 @@ class PreparedModel:
     name: str = "model"
     mode: str = "infer"
     external_data: bool = False
+    slowdown: float = 1.0
+    """How many times its CPU time preparing took (wall seconds over this thread's CPU seconds, at least 1): how much
+    the machine's load slows this process now, which the time limit's split scales the later stages' work by."""
 
     @functools.cached_property
     def proto(self) -> onnx.ModelProto:
@@ -117,18 +142,28 @@ def prepare(
     operators, and resolve the shapes of the new tensors."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
+    wall, cpu = time.perf_counter(), time.thread_time()
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
     original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
         expanded = run_passes(original, [ExpandFunctions(), ResolveShapes()])
-        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data)
+        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data,
+                             slowdown=_slowdown(wall, cpu))
     options = training or TrainingOptions()
     build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
     step = run_passes(original, [build, ExpandFunctions()])
     groups, roles = group_training_graph(step, build.backward_groups)
     run_passes(step, [ResolveShapes()])
-    return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data)
+    return PreparedModel(step, groups, roles, name=name, mode=mode, external_data=external_data,
+                         slowdown=_slowdown(wall, cpu))
+
+
+def _slowdown(wall: float, cpu: float) -> float:
+    """Wall seconds since `wall` (perf_counter) over this thread's CPU seconds since `cpu` (thread_time), at least 1
+    (and 1 for work too short to time)."""
+    used = time.thread_time() - cpu
+    return max(1.0, (time.perf_counter() - wall) / used) if used > MIN_TIMED_SECONDS else 1.0
 
 
 def _matching(model: ir.Model, patterns: tuple[str, ...]) -> tuple[str, ...]:
@@ -239,9 +274,19 @@ def costed(
     devices = get_devices(options.devices) if devices is None else devices
     prepared = model if isinstance(model, PreparedModel) else prepare(
         model, options.mode, options.input_shapes, options.training)
-    left = _time_left(options.time_limit, started)
-    deadline = None if left is None else time.perf_counter() + PROFILE_SHARE * left
+    finish = finish_seconds(prepared, options.plot)
+    _warn_if_late(options.time_limit, started, finish)
+    left = _time_left(options.time_limit, started, finish)
+    share = None if left is None else _measure_share(left, _measure_seconds(prepared))
+    deadline = None if share is None else time.perf_counter() + share
     return _costs(prepared, devices, options.cost_model, options.cache_dir, options.profile_progress, deadline)
+
+
+def _measure_share(left: float, needs: float) -> float:
+    """Seconds measuring the costs may take of the `left` for it, the minimum search and the solver, when it `needs`
+    that long at least: PROFILE_SHARE of it, or what it needs where that is at most MEASURE_SHARE of it, else 0 (the
+    roofline serves)."""
+    return max(PROFILE_SHARE * left, needs if needs <= MEASURE_SHARE * left else 0.0)
 
 
 def default_cost_model(device_count: int) -> str:
@@ -260,6 +305,11 @@ def _costs(
     """The costed problem with `cost_model` as asked, or by default measured, falling back to the roofline (saying
     why) when measuring is impossible here, or when it would not finish by `deadline`."""
     chosen = cost_model or default_cost_model(len(devices))
+    needs = _measure_seconds(prepared)
+    if chosen != "analytic" and deadline is not None and time.perf_counter() + needs > deadline:
+        source = (f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
+                  f"(about {needs:.1f} s here); a longer time limit measures them once, for the cache")
+        return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
     try:
         costed = costed_problem(prepared, devices, chosen, cache_dir, progress, deadline)
     except OutOfTime as exc:
@@ -312,7 +362,8 @@ def costed_problem(
         profiled = profile_costs(prepared.model, infos, graph.opmap.node_names, devices, cache_dir=cache_dir,
                                  progress=progress, method=cost_model, deadline=deadline)
         graph = replace(graph, problem=profiled.apply(graph.problem))
-    return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem), cost_model)
+    return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem, prepared.slowdown),
+                         cost_model)
 
 
 def solve_at(
@@ -324,7 +375,9 @@ def solve_at(
     options = options or RematOptions()
     started = time.perf_counter() if started is None else started
     wanted = list(device_budgets(costed.devices, budget).values())
-    proof_seconds = search_seconds(_time_left(options.time_limit, started), wanted, not too_large(costed.problem))
+    finish = finish_seconds(costed.prepared, options.plot)
+    proof_seconds = search_seconds(_time_left(options.time_limit, started, finish), wanted,
+                                   not too_large(costed.problem))
     resolved = resolve_budgets(costed.minima, wanted, options.find_minimum, proof_seconds)
     problem = replace(costed.problem, budgets=resolved.budgets)
     minima = tuple(None if m is None else m.feasible for m in resolved.minima)
@@ -334,7 +387,7 @@ def solve_at(
         write_mps(problem, options.emit_mps)
     try:
         result = solve(with_headroom(problem, options.headroom, minima), solver=options.solver,
-                       time_limit=_solve_seconds(options.time_limit, started), progress=options.progress,
+                       time_limit=_solve_seconds(options.time_limit, started, finish), progress=options.progress,
                        hints=resolved.reached)
     except SolverError as exc:
         if problem.num_devices == 1:  # say what the budget is short of (searched now if it was not)
@@ -362,17 +415,55 @@ def rewritten(solved: SolvedProblem) -> RematResult:
                        costed.prepared.external_data)
 
 
-def _time_left(time_limit: float | None, started: float) -> float | None:
-    """Seconds left of `time_limit` since `started`, less FINISH_SHARE of it kept for the report, the rewrite and the
-    files (at least 0; None without a limit)."""
+def _measure_seconds(prepared: PreparedModel) -> float:
+    """Seconds measuring the costs of `prepared` takes at least here: what it does before it can stop at its deadline
+    (sessions, call overheads, a whole run), slowed down as preparing it was."""
+    return prepared.slowdown * (MEASURE_SECONDS + MEASURE_SECONDS_PER_NODE * _node_count(prepared))
+
+
+def _node_count(prepared: PreparedModel) -> int:
+    """The nodes of the prepared model, in subgraphs too."""
+    return sum(1 for _ in prepared.model.graph.all_nodes())
+
+
+def finish_seconds(prepared: PreparedModel, plot: bool = False) -> float:
+    """Seconds to keep from the time limit for what follows the solve (the rewrite, the report, the files, and with
+    `plot` drawing the schedule): estimated from the prepared model's nodes and weight bytes, slowed down as
+    preparing it was."""
+    initializers = prepared.model.graph.initializers.values()
+    weights = sum(v.const_value.nbytes for v in initializers if v.const_value is not None)
+    return finish_estimate(_node_count(prepared), weights, plot, prepared.slowdown)
+
+
+def finish_estimate(nodes: int, weight_bytes: int, plot: bool, slowdown: float) -> float:
+    """`finish_seconds` for a model of `nodes` nodes and `weight_bytes` bytes of weights."""
+    work = FINISH_SECONDS + FINISH_SECONDS_PER_NODE * nodes + FINISH_SECONDS_PER_BYTE * weight_bytes
+    drawing = PLOT_SECONDS + PLOT_SECONDS_PER_NODE * nodes if plot else 0.0
+    return slowdown * (work + drawing)
+
+
+def _warn_if_late(time_limit: float | None, started: float, finish: float) -> None:
+    """Warn when what has run already (the imports, preparing the model) and what must follow the solve leave nothing
+    of `time_limit`: the command then ends past its limit, whatever the solver does."""
+    spent = time.perf_counter() - started
+    if time_limit is not None and spent + finish > time_limit:
+        warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs "
+                      f"about {finish:.1f} s more, past the time limit of {time_limit:g} s: the schedule is the "
+                      f"heuristics'; raise --time-limit above {math.ceil(spent + finish):d} s for the solver to search",
+                      RematWarning, stacklevel=3)
+
+
+def _time_left(time_limit: float | None, started: float, finish: float) -> float | None:
+    """Seconds left of `time_limit` since `started`, less `finish` seconds kept for what follows the solve (at least
+    0; None without a limit)."""
     if time_limit is None:
         return None
-    return max(0.0, (1 - FINISH_SHARE) * time_limit - (time.perf_counter() - started))
+    return max(0.0, time_limit - finish - (time.perf_counter() - started))
 
 
-def _solve_seconds(time_limit: float | None, started: float) -> float | None:
+def _solve_seconds(time_limit: float | None, started: float, finish: float) -> float | None:
     """The solver's time: what `_time_left` says, at least LAST_SECONDS so it can return its starting schedule."""
-    left = _time_left(time_limit, started)
+    left = _time_left(time_limit, started, finish)
     return None if left is None else max(LAST_SECONDS, left)
 
 

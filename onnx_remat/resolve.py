@@ -19,10 +19,11 @@ from onnx_remat.passes.solve.min_budget import MinBudget, minimum_budget, quick_
 
 class Minima:
     """The minimum budgets of one problem's devices, each searched once per budgets of the other devices (with one
-    device: once), and again only by a longer search when the first proved nothing."""
+    device: once), and again only by a longer search when the first proved nothing; `slowdown`: how many times slower
+    than an idle one the machine runs now (the search's heuristic scales its work bound by it)."""
 
-    def __init__(self, problem: Problem) -> None:
-        self.problem = problem
+    def __init__(self, problem: Problem, slowdown: float = 1.0) -> None:
+        self.problem, self.slowdown = problem, slowdown
         self._found: dict[tuple[int, tuple[int, ...]], tuple[float, MinBudget]] = {}
 
     def minimum(self, budgets: Sequence[int], device: int, seconds: float) -> MinBudget:
@@ -31,7 +32,7 @@ class Minima:
         known = self._found.get(key)
         if known is None or (known[0] < seconds and known[1].lower < known[1].feasible):
             problem = replace(self.problem, budgets=tuple(budgets))
-            self._found[key] = (seconds, minimum_budget(problem, device, seconds))
+            self._found[key] = (seconds, minimum_budget(problem, device, seconds, self.slowdown))
         return self._found[key][1]
 
 

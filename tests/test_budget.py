@@ -52,7 +52,7 @@ def test_minima_are_searched_once_per_other_budgets_and_again_only_longer_when_u
     again only when a longer search is asked of one that proved nothing."""
     searches = []
 
-    def search(problem, device, seconds):
+    def search(problem, device, seconds, slowdown):
         searches.append((problem.budgets, device, seconds))
         return MinBudget(10, 20 if seconds < 5 else 10)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -13,11 +14,22 @@ from conftest import conv_chain, skip_net
 import onnx_remat
 from onnx_remat.core.budget import format_bytes
 from onnx_remat.core.devices import get_devices
-from onnx_remat.core.errors import InfeasibleBudgetError, SolverError, UsageError
+from onnx_remat.core.errors import InfeasibleBudgetError, RematWarning, SolverError, UsageError
+from onnx_remat.core.options import LAST_SECONDS
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
-from onnx_remat.pipeline import _short_budget, costed_problem, prepare, with_headroom
+from onnx_remat.pipeline import (
+    FINISH_SECONDS,
+    PLOT_SECONDS,
+    _short_budget,
+    _solve_seconds,
+    _time_left,
+    costed_problem,
+    finish_estimate,
+    prepare,
+    with_headroom,
+)
 
 
 @pytest.mark.parametrize("position", [1.0, 0.5, 0.0])
@@ -166,3 +178,51 @@ def test_no_schedule_found_states_the_smallest_budget_known_to_fit_and_the_prove
     error = _short_budget(costed.minima, problem, SolverError("no schedule"), 10.0)
     assert isinstance(error, SolverError)
     assert f"{minimum.feasible} bytes" in str(error) and format_bytes(minimum.lower) in str(error)
+
+
+def test_the_time_kept_for_the_last_stages_grows_with_their_work_and_the_load():
+    """The rewrite, report and files are estimated from the nodes, the weight bytes and whether a plot is drawn, times
+    how much slower than an idle core the machine runs now."""
+    small = finish_estimate(700, 500_000, plot=False, slowdown=1.0)
+    assert FINISH_SECONDS < small < finish_estimate(5500, 500_000, plot=False, slowdown=1.0)
+    assert small < finish_estimate(700, 30_000_000, plot=False, slowdown=1.0)
+    assert small + PLOT_SECONDS < finish_estimate(700, 500_000, plot=True, slowdown=1.0)
+    assert finish_estimate(700, 500_000, plot=False, slowdown=3.0) == pytest.approx(3 * small)
+
+
+def test_the_search_and_solver_get_the_limit_less_the_time_kept_for_the_last_stages():
+    """What is left of the limit counts from the command's start and keeps the last stages' estimate; the solver gets
+    at least LAST_SECONDS to return its starting schedule."""
+    assert _time_left(None, time.perf_counter(), 5.0) is None
+    assert _time_left(30.0, time.perf_counter() - 26.0, 5.0) == 0.0
+    assert _solve_seconds(30.0, time.perf_counter() - 26.0, 5.0) == LAST_SECONDS
+    assert 0 < _time_left(3600.0, time.perf_counter(), 5.0) <= 3595.0
+
+
+def test_preparing_states_how_much_the_load_slows_it():
+    assert prepare(skip_net()).slowdown >= 1.0
+
+
+def test_no_time_left_to_measure_costs_uses_the_roofline_and_says_why(monkeypatch):
+    """Measuring would not stop before its first deadline check (sessions, a whole run): with no time for that the
+    roofline serves, no runtime is started, and the summary says why."""
+    monkeypatch.delenv("ONNX_REMAT_COST_MODEL", raising=False)
+    with pytest.warns(RematWarning, match="past the time limit"):
+        problem = onnx_remat.costed(skip_net(), onnx_remat.RematOptions(time_limit=0.0), started=time.perf_counter())
+    assert problem.cost_model == "analytic"
+    assert problem.cost_source.startswith("roofline estimates: measuring in-graph costs would take longer than its "
+                                          "share of the time limit (about")
+
+
+@pytest.mark.parametrize("time_limit", [0.0, 1e-3])
+def test_a_limit_too_short_for_preparing_warns_and_still_gives_a_valid_schedule(time_limit):
+    """With no time at all the warm starts, bounded by work, still give a schedule within the budget (checked by the
+    simulator), the rewritten model computes what the original does, and one warning says what to raise."""
+    original = skip_net()
+    with pytest.warns(RematWarning, match=r"past the time limit .*: .*raise --time-limit above \d+ s"):
+        result = onnx_remat.remat(original, "min", time_limit=time_limit)
+    simulation = check_schedule(result.problem, result.schedule)
+    assert max(simulation.peak_bytes) <= result.report.budget_bytes
+    feeds = random_feeds(original, seed=0)
+    for got, want in zip(run(result.model, feeds), run(original, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         result = remat(
             args.input, args.budget, options, progress=on_solve, profile_progress=on_profile,
             emit_problem=args.emit_problem, emit_mps=args.emit_mps, pick_by_running=args.pick_by_running,
-            headroom=args.headroom, find_minimum=bool(args.report), started=args.started,
+            headroom=args.headroom, find_minimum=bool(args.report), plot=bool(args.plot), started=args.started,
         )
     summary = result.report.summary()
     write_together(_outputs(args, result))

@@ -67,7 +67,8 @@ class RematOptions:
     allocate beyond the tensors (measured in multi-device runs: 1-4% over the predicted peak); the report still
     states the budgets. `find_minimum`: search each device's minimum budget for the report even when the budget does
     not need it (with one device and an explicit budget the search is otherwise skipped, and the report's minimum is
-    None). `progress` sees the solver's incumbent and bound, `profile_progress` the cost measurements.
+    None). `plot`: the caller draws the schedule after (the command's --plot): the time limit keeps room for it.
+    `progress` sees the solver's incumbent and bound, `profile_progress` the cost measurements.
     """
 
     mode: str = "infer"
@@ -81,6 +82,7 @@ class RematOptions:
     headroom: float = 0.0
     find_minimum: bool = True
     pick_by_running: bool = False
+    plot: bool = False
     emit_problem: str | Path | None = None
     emit_mps: str | Path | None = None
     progress: Callable[[float, float | None, float | None], None] | None = None

@@ -348,6 +348,8 @@ def main(given: str, answer: str) -> None:
         setattr(solver.parameters, name, type(getattr(solver.parameters, name))(value))
     solver.parameters.catch_sigint_signal = False
     deadline = start + solver.parameters.max_time_in_seconds
+    if "wall_deadline" in data:  # the caller's clock: this process's start-up (importing OR-Tools) counts too
+        deadline = min(deadline, start + float(data["wall_deadline"]) - time.time())
     reporter = Reporter()
     if "copies" in data:
         status, values = solve_intervals(solver, data, reporter, stopped, deadline)

@@ -36,6 +36,12 @@ IN_PROCESS_NONZEROS = 30_000
 chains (25.7k entries) reach their first interrupt callback in 0.05-0.1 s in-process, where a child takes 0.3-0.6 s
 to start; at 64k-101k entries (their U-Net and 81-operator chains) the first callback comes after 0.35-0.47 s."""
 
+STREAMED_GRACE = 0.0
+"""Seconds HiGHS's child may have to answer after a stop before it is killed, for a caller that keeps what it streamed
+(its improving solutions and bounds): none. In an LP it took 1 s to notice the stop after CP-SAT met the memory-cut
+bound (the peers' chain40_p60, 101k nonzeros; measured); a minimum search at the README's main job under two busy
+loops ran up to 7 s past its time, most of it child.GRACE."""
+
 
 def solve_highs(
     milp: SparseMilp,

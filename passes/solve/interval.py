@@ -71,6 +71,7 @@ def problem_arrays(
         "hint": np.array([(c.op, c.stage) for c in hint.computes] if hint else [], dtype=np.int64).reshape(-1, 2),
         "parameter_names": np.array(list(parameters)),
         "parameter_values": np.array(list(parameters.values()), dtype=float),
+        "wall_deadline": np.array(math.inf if seconds is None else time.time() + seconds),
     }
 
 

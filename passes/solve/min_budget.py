@@ -22,8 +22,8 @@ from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import baselines_of, fitting, on_device, placed, segmentations
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, too_large
-from onnx_remat.passes.solve.highs import solve_highs
-from onnx_remat.passes.solve.offload import offload
+from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
+from onnx_remat.passes.solve.offload import Work, offload
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,20 @@ def quick_lower_bound(problem: Problem, device: int = 0) -> int:
     return resident + kept + max(steps, sum(sizes[op] for op in set(problem.graph_outputs)))
 
 
-def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) -> MinBudget:
+def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0, slowdown: float = 1.0) -> MinBudget:
     """The minimum budget on `device`, proven by HiGHS minimizing the peak unless `time_limit` runs out.
 
     The heuristics' candidates come first, whatever the limit: the baselines and the eviction heuristic's search,
-    bounded by work (eviction_runs), so the result is never above theirs on a loaded machine or at a limit of 0; then
-    Chen's segment lengths while time remains, and the MILP gets what is left, if anything and if it is not too large
-    to build (checkmate_milp.MAX_MILP_CELLS)."""
+    bounded by work (eviction_runs per budget, search_runs in all for the limit on a machine `slowdown` times slower
+    than an idle one), so the result does not depend on the machine's speed; then Chen's segment lengths
+    while time remains, and the MILP gets what is left, if anything and if it is not too large to build
+    (checkmate_milp.MAX_MILP_CELLS)."""
     deadline = time.perf_counter() + time_limit
     if problem.num_ops == 0:
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
-    peak, schedule = min(_candidates(problem, device, deadline), key=lambda pair: pair[0])
+    runs = search_runs(problem, time_limit, slowdown)
+    peak, schedule = min(_candidates(problem, device, deadline, runs), key=lambda pair: pair[0])
     if peak == lower or time.perf_counter() >= deadline or too_large(problem):
         return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))
@@ -99,21 +101,23 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0) 
 
 def _bounded_highs(model: CheckmateModel, seconds: float, warm_start: np.ndarray) -> MilpOutcome:
     """HiGHS minimizing the peak for `seconds` at most: its own limit goes unchecked in a long root LP, so a timer
-    stops it too (its child process is killed a second later), keeping the search within its time."""
+    stops it too (its child process is killed then, keeping the best solution and bound it streamed), holding the
+    search to its time."""
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     timer.daemon = True
     timer.start()
     try:
-        return solve_highs(model.milp, seconds, warm_start, gaps=(0.0, 0.5 / model.memory_unit), stop=stop)
+        return solve_highs(model.milp, seconds, warm_start, gaps=(0.0, 0.5 / model.memory_unit), stop=stop,
+                           grace=STREAMED_GRACE)
     finally:
         timer.cancel()
 
 
-def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[int, Schedule]]:
+def _candidates(problem: Problem, device: int, deadline: float, runs: int | None) -> list[tuple[int, Schedule]]:
     """(peak on `device`, schedule) of the baseline peaking least there, of the eviction heuristic at the least
-    budget of `device` it fits, and (until `deadline`) of Chen's segments at every length on one device, among those
-    that fit every other device's budget."""
+    budget of `device` it fits (searched in `runs` operator runs), and (until `deadline`) of Chen's segments at every
+    length on one device, among those that fit every other device's budget."""
 
     def fits_others(peaks: tuple[int, ...]) -> bool:
         return all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device)
@@ -126,7 +130,7 @@ def _candidates(problem: Problem, device: int, deadline: float) -> list[tuple[in
         for d in range(problem.num_devices)
         for schedule in segmentations(on_device(problem, d))
     )
-    evicting = _least_evicting(problem, device, min((peak for peak, _ in found), default=None))
+    evicting = _least_evicting(problem, device, min((peak for peak, _ in found), default=None), runs)
     for schedule in itertools.chain([] if evicting is None else [evicting], segmented):
         if schedule is not evicting and found and time.perf_counter() >= deadline:
             break
@@ -143,23 +147,48 @@ one per operator, where not it can cascade for minutes (DenseNet-121's training 
 measured)."""
 
 
+RUN_SECONDS_PER_OPERATOR = 5e-8
+"""CPU seconds an operator run of the eviction heuristic takes per operator of the problem (it scores what it holds):
+8.1e-5 s a run on DenseNet-121's training step (1531 operators), 7.7e-6 on the README's U-Net (176; measured)."""
+SEARCH_FLOOR_SECONDS = 0.2
+"""CPU seconds of the eviction search that any time limit, even 0, pays for: small problems' whole search (the README's
+U-Net's takes 4k operator runs of the 22k it pays for)."""
+FIRST_TRY_RUNS = 2
+"""Operator runs per operator that any time limit, even 0, pays for: the first budget tried, a baseline's peak, where
+the heuristic fits with about one (DenseNet-121's training step 1.0; measured)."""
+
+
 def eviction_runs(problem: Problem) -> int:
     """The eviction heuristic's work limit on `problem`: EVICTION_RUNS operator runs per operator."""
     return EVICTION_RUNS * problem.num_ops
 
 
-def _least_evicting(problem: Problem, device: int, high: int | None = None) -> Schedule | None:
+def search_runs(problem: Problem, seconds: float, slowdown: float = 1.0) -> int:
+    """Operator runs the minimum search's eviction heuristic may try in all in `seconds` on a machine `slowdown` times
+    slower than an idle one: those an idle core runs in `seconds / slowdown` (at least SEARCH_FLOOR_SECONDS), and at
+    least FIRST_TRY_RUNS per operator, for the first budget tried. A work bound that shrinks with the limit, never a
+    race with the clock (the solver's own warm start at the budget has its own, eviction_runs)."""
+    idle_seconds = max(seconds / slowdown, SEARCH_FLOOR_SECONDS)
+    per_run = max(1, problem.num_ops) * RUN_SECONDS_PER_OPERATOR
+    return max(FIRST_TRY_RUNS * problem.num_ops, int(idle_seconds / per_run))
+
+
+def _least_evicting(
+    problem: Problem, device: int, high: int | None = None, runs: int | None = None
+) -> Schedule | None:
     """The eviction heuristic's schedule at the least budget of `device` (searched by halving, to 0.5%) at which it
     fits, the other devices at their budgets; None if it fits not even at keep-all. The search starts at `high` (a
     budget a baseline fits), or at keep-all where the heuristic does not fit there. Bounded by work, not time: at
-    most eviction_runs per budget tried."""
-
-    def fitting(budget: int) -> Schedule | None:
-        budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
-        return _evicting(replace(problem, budgets=budgets), eviction_runs(problem))
-
+    most eviction_runs per budget tried, and `runs` operator runs from each start (None: no limit; once they are spent
+    the budgets left count as not fitting, and the least that fitted is the answer)."""
     lower = quick_lower_bound(problem, device)
     for start in dict.fromkeys(b for b in (high, _keep_all_room(problem)) if b is not None):
+        work = None if runs is None else Work(runs)
+
+        def fitting(budget: int, work: Work | None = work) -> Schedule | None:
+            budgets = tuple(budget if d == device else b for d, b in enumerate(problem.budgets))
+            return _evicting(replace(problem, budgets=budgets), eviction_runs(problem), work)
+
         if (schedule := _least_budget(fitting, lower, start)[1]) is not None:
             return schedule
     return None
@@ -249,12 +278,12 @@ def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: i
     return high, best
 
 
-def _evicting(problem: Problem, max_runs: int | None = None) -> Schedule | None:
+def _evicting(problem: Problem, max_runs: int | None = None, work: Work | None = None) -> Schedule | None:
     """A schedule of the eviction heuristic (computing on each device, parking on each other one or nowhere)
-    within every budget, or None (also when each tries more than `max_runs` operator runs)."""
+    within every budget, or None (also when each tries more than `max_runs` operator runs, or `work` runs out)."""
     devices = range(problem.num_devices)
     pairs = ((c, s) for c in devices for s in [*[d for d in devices if d != c], None])
-    return _fitting(problem, (offload(problem, c, s, max_runs) for c, s in pairs))
+    return _fitting(problem, (offload(problem, c, s, max_runs, work) for c, s in pairs))
 
 
 def _fitting(problem: Problem, schedules: Iterable[Schedule | None]) -> Schedule | None:

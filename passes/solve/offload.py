@@ -21,6 +21,7 @@ import sys
 from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Event, Free, Schedule
@@ -37,11 +38,20 @@ class _OutOfWork(Exception):
     """The operator runs tried reached their limit before every operator ran."""
 
 
+@dataclass
+class Work:
+    """Operator runs the heuristic may still try, shared by the calls of one search: the whole search's work bound."""
+
+    runs: int
+
+
 class _Evictor:
     """Mutable state of the heuristic: what each device holds, its memory, the events so far."""
 
-    def __init__(self, problem: Problem, compute: int, store: int | None, max_runs: int | None, reserve: int):
-        self.problem, self.compute, self.store, self.max_runs = problem, compute, store, max_runs
+    def __init__(
+        self, problem: Problem, compute: int, store: int | None, max_runs: int | None, reserve: int, work: Work | None
+    ):
+        self.problem, self.compute, self.store, self.max_runs, self.work = problem, compute, store, max_runs, work
         self.held: list[set[int]] = [set() for _ in problem.devices]
         self.memory = list(problem.resident_bytes)
         self.memory[compute] += problem.kept_of(compute, range(problem.num_ops))  # every operator runs once
@@ -170,6 +180,10 @@ class _Evictor:
         self.runs += 1
         if self.max_runs is not None and self.runs > self.max_runs:
             raise _OutOfWork
+        if self.work is not None:
+            self.work.runs -= 1
+            if self.work.runs < 0:
+                raise _OutOfWork
         if op in self.once and op in self.computed:
             return False
         inputs = set(p.predecessors[op])
@@ -197,13 +211,13 @@ class _Evictor:
 
 
 def offload(
-    problem: Problem, compute: int, store: int | None = None, max_runs: int | None = None
+    problem: Problem, compute: int, store: int | None = None, max_runs: int | None = None, work: Work | None = None
 ) -> Schedule | None:
-    """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit or
-    a pass tries more than `max_runs` operator runs (None: no limit)."""
+    """The schedule running on `compute`, parking on `store` (None: recompute only), or None if it cannot fit, a
+    pass tries more than `max_runs` operator runs (None: no limit) or `work` runs out (None: no limit)."""
     reserve = 0
     for _ in range(KEPT_PASSES):
-        state = _Evictor(problem, compute, store, max_runs, reserve)
+        state = _Evictor(problem, compute, store, max_runs, reserve, work)
         try:
             with _recursion_room(problem.num_ops):
                 if not all(state.step(v) for v in range(problem.num_ops)):

@@ -19,7 +19,7 @@ import numpy as np
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
-from onnx_remat.passes.solve.highs import solve_highs
+from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
 from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
 
 COPIES = 3
@@ -31,10 +31,6 @@ HEAD_START = 2.0
 after loading its model when hinted, 0.5-0.7 s after starting alone; beside HiGHS it took 2.6 s under load (chain20_p60,
 measured)."""
 
-HIGHS_GRACE = 0.0
-"""Seconds HiGHS's child has to answer after a stop before it is killed: none, since it streams its improving
-solutions and bounds (highs.py) and a stop is a proof, Ctrl-C or the deadline. In an LP it took 1 s to notice the
-stop after CP-SAT met the memory-cut bound (the peers' chain40_p60, 101k nonzeros; measured)."""
 HIGHS_NICE = 19
 """How much HiGHS's child yields the processor to CP-SAT's workers (os.nice): on two cores the three searches share
 them, and CP-SAT finds the peers' schedules. chain40_p60's optimum in the portfolio 10.7-11.2 s with HiGHS at the
@@ -93,7 +89,7 @@ def race(
     try:
         _head_start(reporting, stop)
         left = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
-        outcome = solve_highs(milp, left, warm[0], reports[0], gaps, stop, grace=HIGHS_GRACE, nice=HIGHS_NICE)
+        outcome = solve_highs(milp, left, warm[0], reports[0], gaps, stop, grace=STREAMED_GRACE, nice=HIGHS_NICE)
     except BaseException:
         stop.set()
         thread.join()

@@ -7,10 +7,10 @@ simulation of the problem), `run`'s predicted peak (from the rewritten graph) an
 predictions agree within 10%), the measured peak (the median over `--repeats` fresh processes, each the median of 3
 runs, and their range) and its ratio to the report's prediction, what the runtime kept from its first run (median)
 beside what the predictions count for it (onnxruntime's bytes per node by op type, passes/runtime_kept.py) and the
-nodes,
-whether the rewrite measures no heavier than the keep-all one (the model as it runs without onnx-remat's
-recomputation, when 100% is among `--budgets`), and how many nodes onnxruntime ran ahead of the file's order (read
-from its profiler; the schedule's order is the file's).
+nodes, whether it is within its budget as `run` judges it (yes: every process within; NO: every one over; spread: the
+budget lies inside their spread, passes/verdict.py), whether the rewrite measures no heavier than the keep-all one
+(the model as it runs without onnx-remat's recomputation, when 100% is among `--budgets`), and how many nodes
+onnxruntime ran ahead of the file's order (read from its profiler; the schedule's order is the file's).
 
     python tools/real_model_memory.py --models resnet18,gpt,lstm --exporters legacy --modes infer,train
     python tools/real_model_memory.py --models mobilenet_v3_small --modes train --budgets min --repeats 5
@@ -35,6 +35,7 @@ from onnx_remat.passes import load
 from onnx_remat.passes.execute import executed_node_names
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
+from onnx_remat.passes.verdict import Verdict, judge
 from onnx_remat.pipeline import TrainingOptions, remat
 
 MIB = 2**20
@@ -150,6 +151,13 @@ COLUMNS = ("model", "batch", "exporter", "mode", "budget", "budget MiB", "report
            "within budget", "within 10%", "no heavier than keep-all", "failure")
 
 
+def _verdict(peaks: tuple[int, ...], budget: int | None) -> str:
+    """`run`'s verdict on the fresh processes' peaks: yes (all within), NO (all over), or spread (`passes.verdict`)."""
+    if not peaks or budget is None:
+        return "-"
+    return {Verdict.WITHIN: "yes", Verdict.SPREAD: "spread", Verdict.OVER: "NO"}[judge(peaks, budget)]
+
+
 def _row(row: Measured, keep_all: Measured | None) -> list[str]:
     measured = row.measured_peak
     lighter = "-" if keep_all is None or not (row.measured_peaks and keep_all.measured_peaks) else \
@@ -162,7 +170,7 @@ def _row(row: Measured, keep_all: Measured | None) -> list[str]:
             "-" if row.nodes is None else str(row.nodes),
             "-" if row.recomputed_nodes is None else str(row.recomputed_nodes),
             "-" if row.ahead_of_order is None else str(row.ahead_of_order),
-            "-" if measured is None else ("yes" if measured <= row.budget_bytes else "NO"),
+            _verdict(row.measured_peaks, row.budget_bytes),
             _within(row.ratio),
             lighter, row.failure]
 

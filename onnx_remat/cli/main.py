@@ -202,10 +202,11 @@ def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]
 def _live_progress(
     console: Console,
 ) -> Iterator[tuple[Callable[[int, int, str], None], Callable[[float, float | None, float | None], None]]]:
-    """Progress callbacks for profiling (a bar over the measurements) and solving (incumbent and bound)."""
+    """Progress callbacks for profiling (a bar over the measurements) and solving (incumbent and bound), shown on a
+    terminal only: on a pipe or a log file the stopped display left an empty line before the summary or the error."""
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with RichProgress(*columns, console=console, transient=True) as bar:
+    with RichProgress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         solving = bar.add_task("preparing", total=None)
         profiling: list[TaskID] = []
 

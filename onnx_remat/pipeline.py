@@ -278,8 +278,7 @@ def costed(
     _warn_if_late(options.time_limit, started, finish)
     left = _time_left(options.time_limit, started, finish)
     share = None if left is None else _measure_share(left, _measure_seconds(prepared))
-    deadline = None if share is None else time.perf_counter() + share
-    return _costs(prepared, devices, options.cost_model, options.cache_dir, options.profile_progress, deadline)
+    return _costs(prepared, devices, options.cost_model, options.cache_dir, options.profile_progress, share)
 
 
 def _measure_share(left: float, needs: float) -> float:
@@ -300,16 +299,19 @@ def default_cost_model(device_count: int) -> str:
 
 def _costs(
     prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
-    progress: MeasureProgress | None, deadline: float | None,
+    progress: MeasureProgress | None, share: float | None,
 ) -> CostedProblem:
     """The costed problem with `cost_model` as asked, or by default measured, falling back to the roofline (saying
-    why) when measuring is impossible here, or when it would not finish by `deadline`."""
+    why) when measuring is impossible here, or when it would not finish in its `share` of seconds (None: no limit).
+    The share is judged against what measuring needs before its deadline is set: set first, the moments between made
+    a share of exactly what it needs (`_measure_share`) always too short."""
     chosen = cost_model or default_cost_model(len(devices))
     needs = _measure_seconds(prepared)
-    if chosen != "analytic" and deadline is not None and time.perf_counter() + needs > deadline:
+    if chosen != "analytic" and share is not None and needs > share:
         source = (f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
                   f"(about {needs:.1f} s here); a longer time limit measures them once, for the cache")
         return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
+    deadline = None if share is None else time.perf_counter() + share
     try:
         costed = costed_problem(prepared, devices, chosen, cache_dir, progress, deadline)
     except OutOfTime as exc:

@@ -12,6 +12,7 @@ import pytest
 from conftest import conv_chain, skip_net
 
 import onnx_remat
+import onnx_remat.pipeline as pipeline
 from onnx_remat.core.budget import format_bytes
 from onnx_remat.core.devices import get_devices
 from onnx_remat.core.errors import InfeasibleBudgetError, RematWarning, SolverError, UsageError
@@ -212,6 +213,17 @@ def test_no_time_left_to_measure_costs_uses_the_roofline_and_says_why(monkeypatc
     assert problem.cost_model == "analytic"
     assert problem.cost_source.startswith("roofline estimates: measuring in-graph costs would take longer than its "
                                           "share of the time limit (about")
+
+
+def test_costs_needing_between_a_quarter_and_half_of_the_time_left_are_measured(monkeypatch, tmp_path):
+    """Measuring may take up to half of what is left when a quarter is too little: its share is then exactly what it
+    needs, which a deadline set before the check had always made too short (the roofline served instead)."""
+    monkeypatch.delenv("ONNX_REMAT_COST_MODEL", raising=False)
+    monkeypatch.setattr(pipeline, "_measure_seconds", lambda prepared: 400.0)
+    options = onnx_remat.RematOptions(time_limit=1000.0, cache_dir=tmp_path)
+    problem = onnx_remat.costed(skip_net(), options, started=time.perf_counter())
+    assert problem.cost_model == "in-graph"
+    assert not problem.cost_source.startswith("roofline")
 
 
 @pytest.mark.parametrize("time_limit", [0.0, 1e-3])

@@ -107,7 +107,7 @@ def run(
     h.passModel(highs_lp(arrays))
     if warm_start is not None:
         h.setSolution(len(warm_start), np.arange(len(warm_start), dtype=np.int32), warm_start.astype(np.float64))
-    _subscribe(h, stop, report, improved)
+    _subscribe(h, arrays["cost"], stop, report, improved)
     h.run()
     if warm_start is not None and start_leaked(h, arrays["cost"]):
         return run(arrays, options, None, stop, report, improved, deadline)
@@ -134,14 +134,20 @@ def start_leaked(h: highspy.Highs, cost: np.ndarray) -> bool:
 
 def _subscribe(
     h: highspy.Highs,
+    cost: np.ndarray,
     stop: threading.Event,
     report: Report | None,
     improved: Callable[[np.ndarray], None] | None,
     every: float = 0.5,
 ) -> None:
     """Interrupt HiGHS (LP, IPM, branch and bound) once `stop` is set; report progress (at once when the incumbent
-    improves, so a caller waiting for a target stops HiGHS without delay) and improving solutions."""
+    improves, so a caller waiting for a target stops HiGHS without delay) and improving solutions.
+
+    The incumbent reported is the cheapest solution handed over, not HiGHS's primal bound: with a MIP start HiGHS
+    may find a cheaper one in its presolved space without handing its columns over (see start_leaked), and a
+    caller that stopped at that bound was left with the start (a 7-operator graph: bound 9, columns costing 10)."""
     last = [-math.inf, math.inf]  # time and incumbent of the last report
+    held = [math.inf]  # cost of the cheapest solution handed over
 
     def check(event: highspy.HighsCallbackEvent) -> None:
         if stop.is_set():
@@ -150,21 +156,22 @@ def _subscribe(
     def progress(event: highspy.HighsCallbackEvent) -> None:
         check(event)
         out = event.data_out
-        improved_now = out.mip_primal_bound < last[1]
+        improved_now = held[0] < last[1]
         if report is not None and (improved_now or out.running_time - last[0] >= every):
-            last[0], last[1] = out.running_time, out.mip_primal_bound
-            finite = [v if math.isfinite(v) else None for v in (out.mip_primal_bound, out.mip_dual_bound)]
+            last[0], last[1] = out.running_time, held[0]
+            finite = [v if math.isfinite(v) else None for v in (held[0], out.mip_dual_bound)]
             report(out.running_time, *finite)
+
+    def solution(event: highspy.HighsCallbackEvent) -> None:
+        x = np.array(event.data_out.mip_solution, dtype=np.float64)
+        held[0] = min(held[0], float(cost @ x))
+        if improved is not None:
+            improved(x)
 
     h.cbSimplexInterrupt.subscribe(check)
     h.cbIpmInterrupt.subscribe(check)
     h.cbMipInterrupt.subscribe(progress)
-    if improved is not None:
-
-        def solution(event: highspy.HighsCallbackEvent) -> None:
-            improved(np.array(event.data_out.mip_solution, dtype=np.float64))
-
-        h.cbMipImprovingSolution.subscribe(solution)
+    h.cbMipImprovingSolution.subscribe(solution)
 
 
 def main(given: str, answer: str) -> None:

@@ -40,7 +40,7 @@ from onnx_remat.passes.solve.baselines import (
     prune_unread,
 )
 from onnx_remat.passes.solve.cbc import solve_cbc
-from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model, too_large
+from onnx_remat.passes.solve.checkmate_milp import MAX_MILP_CELLS, CheckmateModel, build_model, too_large
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -390,6 +390,12 @@ def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
     if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
+    if status == SolveStatus.HEURISTIC:
+        raise SolverError(
+            f"no heuristic schedule fits the budgets, and at {problem.num_ops} operators on {problem.num_devices} "
+            f"device(s) the graph is too large for the exact solver (devices x operators^2 over {MAX_MILP_CELLS:,}): "
+            "raise the budgets"
+        )
     if status != SolveStatus.INFEASIBLE:
         raise SolverError(
             "the solver found no schedule within the time limit and no baseline fits the budget: "

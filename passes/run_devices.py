@@ -419,12 +419,17 @@ class _Planner:
     def _submodel(
         self, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], device: int
     ) -> onnx.ModelProto:
-        """A standalone model of `nodes`: the parameters they read as initializers."""
+        """A standalone model of `nodes`: the parameters they read as initializers, and the whole model's shapes for
+        the tensors inside (a shape computed from a tensor another segment hands over, such as a ReduceMean's axes
+        from a Constant node on another device, cannot be found in the segment alone)."""
         used = {name for node in nodes for name in node.input if name in self.initializers}
+        ends = {*inputs, *outputs}
+        inside = dict.fromkeys(out for node in nodes for out in node.output if out and out not in ends)
         graph = helper.make_graph(
             nodes, f"{self.model.graph.name or 'model'} on {self.devices[device].name}",
             [self._value_info(name) for name in inputs], [self._value_info(name) for name in outputs],
             [self.initializers[name] for name in sorted(used)],
+            value_info=[self._value_info(name) for name in inside if name in self.infos],
         )
         model = helper.make_model(
             graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version,

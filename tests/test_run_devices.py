@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from conftest import PROOF_SECONDS, conv_chain, mixed_only_budgets, skip_net, whole_gradient_groups
+from onnx import TensorProto, helper
 
 import onnx_remat
 from onnx_remat.cli.main import main
@@ -290,3 +291,35 @@ def test_cli_run_on_one_device_states_no_hand_offs(tmp_path, capsys):
     onnx_remat.remat(conv_chain(), "100%").save(path)
     assert main(["run", str(path), "--devices", "cpu", "--budget", "cpu=1GiB", "--repeats", "1"]) == 0
     assert "hand-offs" not in capsys.readouterr().err
+
+
+def test_a_shape_computed_from_a_tensor_another_device_hands_over_runs(tmp_path):
+    """A ReduceMean whose axes come from a Constant node on the other device, read by a Reshape: the segment alone
+    cannot infer its shapes (`run` of EfficientNet-B0's two-device training step failed there, exit 3), so it keeps
+    the whole model's."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    axes = helper.make_tensor("a", TensorProto.INT64, [2], [-1, -2])
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [2, 8])
+    nodes = [  # the constants are read twice, so they run up front; then the two halves on the two devices
+        helper.make_node("Constant", [], ["axes"], name="axes", value=axes),
+        helper.make_node("Constant", [], ["shape"], name="shape", value=shape),
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r", "axes"], ["m"], name="mean", keepdims=1),
+        helper.make_node("Reshape", ["m", "shape"], ["v"], name="view"),
+        helper.make_node("ReduceMean", ["x", "axes"], ["m2"], name="mean2", keepdims=1),
+        helper.make_node("Reshape", ["m2", "shape"], ["v2"], name="view2"),
+        helper.make_node("Add", ["v", "v2"], ["y"], name="add"),
+    ]
+    path = tmp_path / "axes.onnx"
+    graph = helper.make_graph(nodes, "axes", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    prepared = prepare(path, "infer")
+    graph = costed_problem(prepared, get_devices(TWO_ENGINES), "analytic")
+    schedule = alternating(graph.problem, 2)  # relu and mean..view on one device, mean2..view2 and add on the other
+    simulate(graph.problem, schedule)
+    model = rewrite(prepared.model, graph.opmap, schedule, graph.problem.devices)
+    feeds = random_feeds(prepared.proto, seed=0)
+    result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1, measure_memory=False)
+    assert_same_outputs(result.outputs, prepared.proto, feeds)
+    assert result.copies >= 1 and result.segments == {"ort-cpu": 1, "ov-cpu": 2}

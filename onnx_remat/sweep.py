@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -72,6 +72,8 @@ class Sweep:
     points: tuple[SweepPoint, ...]
     knee: int | None
     knee_overhead: float
+    cost_model: str = "analytic"
+    cost_source: str = "roofline estimates"
 
 
 def parse_budgets(text: str) -> list[tuple[str, Budget]]:
@@ -94,10 +96,12 @@ def sweep(
     """Solve `model` at every budget (infeasible ones recorded with the minimum), measuring if asked.
 
     The model is prepared and costed once, and each device's minimum budget searched once for all budgets it does
-    not depend on (all of them with one device); the time limit holds for each budget. With several devices every
-    budget applies to each device, as a percentage of that device's keep-all."""
+    not depend on (all of them with one device); the time limit holds for each budget, so measuring the costs once
+    for all of them may take its share of the whole sweep's. With several devices every budget applies to each
+    device, as a percentage of that device's keep-all."""
     options = options or RematOptions()
-    problem = costed(model, options, get_devices(options.devices))
+    whole = None if options.time_limit is None else options.time_limit * len(budgets)
+    problem = costed(model, replace(options, time_limit=whole), get_devices(options.devices))
     keep_all = problem.problem.keep_all_bytes()
     points = []
     for label, budget in budgets:
@@ -110,7 +114,8 @@ def sweep(
             continue
         points.append(_point(label, rewritten(solved), measure, repeats, options.devices))
     ordered = tuple(sorted(points, key=lambda p: -(p.budget_bytes or 0)))
-    return Sweep(problem.prepared.name, options.mode, ordered, find_knee(ordered, knee_overhead), knee_overhead)
+    return Sweep(problem.prepared.name, options.mode, ordered, find_knee(ordered, knee_overhead), knee_overhead,
+                 problem.cost_model, problem.cost_source)
 
 
 def _point(

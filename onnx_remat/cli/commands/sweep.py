@@ -83,6 +83,7 @@ def run(args: argparse.Namespace, console: Console) -> None:
         console.width = max(console.width, TABLE_WIDTH)  # a log or pipe: keep rows on one line
     console.print(table(result))
     console.print(knee_line(result), highlight=False)
+    console.print(f"costs: {result.cost_model}, {result.cost_source}", highlight=False)
     if args.json:
         write_atomically(Path(args.json), to_json(result).encode())
     if args.plot:
@@ -165,5 +166,6 @@ def to_json(result: Sweep) -> str:
     """The sweep as JSON: every point with its overhead, the knee's budget and the overhead that defines it."""
     points = [dict(asdict(p), overhead=p.overhead) for p in result.points]
     knee = None if result.knee is None else result.points[result.knee].label
-    data = {"model": result.model, "mode": result.mode, "knee": knee, "knee_overhead": result.knee_overhead}
+    data = {"model": result.model, "mode": result.mode, "knee": knee, "knee_overhead": result.knee_overhead,
+            "cost_model": result.cost_model, "cost_source": result.cost_source}
     return json.dumps(dict(data, points=points), indent=2)

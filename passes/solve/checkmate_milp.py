@@ -20,7 +20,8 @@ readers j of i on d (for k == i, R[d,t,i] + S[d,t,i] instead of R[d,t,k]): a fre
 only overestimates memory, and the schedule extracted from R, S and C frees every output at its last use
 anyway. So FREE is continuous and bounded by each factor, which is exact for 0/1 values and tighter in
 the LP relaxation than Checkmate's hazard rows; an output's frees in one stage also sum to at most
-1 - S[d,t+1,i] and to at most what brought it there less what keeps it (_free_rows).
+1 - S[d,t+1,i] and to at most what brought it there less what keeps it (_free_rows). Each stage also gets a knapsack
+row over S, implied by the memory rows, from which HiGHS derives cover cuts (_stage_knapsack_row).
 """
 
 from __future__ import annotations

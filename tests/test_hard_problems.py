@@ -83,3 +83,14 @@ def test_every_baseline_satisfies_the_strengthened_rows(concat: Problem):
     for build in BASELINES.values():
         values = matrix @ model.assignment(schedule_from_stages(roomy, build(roomy)))
         assert np.all(values >= model.milp.row_lower - 1e-6) and np.all(values <= model.milp.row_upper + 1e-6)
+
+
+def test_every_baseline_fitting_to_the_byte_satisfies_the_stage_knapsacks(concat: Problem):
+    """The stages' knapsack rows cut off no schedule, even one at exactly its own peak: at a budget equal to each
+    baseline's simulated peak, its assignment satisfies every row of the model."""
+    for build in BASELINES.values():
+        schedule = schedule_from_stages(concat, build(concat))
+        tight = replace(concat, budgets=(simulate(concat, schedule).peak_bytes[0],))
+        model = build_model(tight)
+        values = model.milp.matrix.toarray() @ model.assignment(schedule)
+        assert np.all(values >= model.milp.row_lower - 1e-6) and np.all(values <= model.milp.row_upper + 1e-6)

@@ -25,6 +25,7 @@ import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, OP_ARCHITECTURES, architecture, export, make
+from torch import nn
 from torch.nn import functional as F
 
 from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
@@ -146,7 +147,8 @@ def torch_gradients(name: str, label: np.ndarray | None, dtype: torch.dtype) -> 
         target = target.to(dtype) if target.is_floating_point() else target
         loss = F.cross_entropy(output, target) if kind == "cross-entropy" else F.mse_loss(output, target)
     loss.backward()
-    grads = {k: p.grad.numpy() for k, p in module.named_parameters() if p.grad is not None}
+    # Under every name of a tied parameter (an LM head sharing the embedding): exporters write either.
+    grads = {k: p.grad.numpy() for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
     return loss.item(), grads
 
 
@@ -206,15 +208,21 @@ LIFTED = "*lifted_tensor_*"
 writes it as an initializer even with its optimizer off, and a user training the model freezes it."""
 
 
-def lifted_constants(path: Path) -> tuple[str, ...]:
-    """The freeze pattern for the model's lifted constants, if it has any."""
+def frozen_constants(name: str, path: Path) -> tuple[str, ...]:
+    """What a user training the model freezes: its lifted constants' pattern, if it has any, and the module's float
+    buffers other than BatchNorm's statistics (rotary cos/sin tables, sinusoidal positions) that the exporter wrote
+    as initializers, which the training step would otherwise train like weights."""
     names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer]
-    return (LIFTED,) if fnmatch.filter(names, LIFTED) else ()
+    module, _ = make(name)
+    statistics = {f"{prefix}.{key}".lstrip(".") for prefix, m in module.named_modules()
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm) for key, _ in m.named_buffers(recurse=False)}
+    buffers = [key for key, b in module.named_buffers() if b.is_floating_point() and key not in statistics]
+    return ((LIFTED,) if fnmatch.filter(names, LIFTED) else ()) + tuple(key for key in buffers if key in names)
 
 
 def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
-    options = TrainingOptions(loss=architecture(name).loss, freeze=lifted_constants(path))
+    options = TrainingOptions(loss=architecture(name).loss, freeze=frozen_constants(name, path))
     start = time.perf_counter()
     step = prepare(path, mode="train", training=options).proto
     outcome.prepare_seconds = time.perf_counter() - start

@@ -19,9 +19,11 @@ from real_models import check  # noqa: E402
 
 SOLVE_SECONDS = 2.0
 """Each solve stops by then with its best schedule, which is checked: nothing here waits for a proof."""
-TABLE_ONLY = {("resnet50", "dynamo"), ("mobilenet_v3_small", "dynamo"), ("gru", "dynamo")}
-"""The slowest cases whose other exporter is tested here; tools/real_models.py runs them for the README's table,
-and the suite stays within its time."""
+TABLE_ONLY = {("resnet50", "dynamo"), ("mobilenet_v3_small", "dynamo"), ("gru", "dynamo"),
+              *((variant, exporter) for variant in ("moe_one_hot", "moe_gather") for exporter in ("legacy", "dynamo"))}
+"""The slowest cases whose other exporter is tested here, and the mixture of experts' other two ways of combining
+the experts (15-25 s each, "moe" is tested here); tools/real_models.py runs them for the README's table, and the
+suite stays within its time."""
 CASES = [
     pytest.param(name, exporter, id=f"{name}-{exporter}", marks=[pytest.mark.slow] if spec.slow else [])
     for name, spec in ARCHITECTURES.items()

@@ -20,6 +20,10 @@ from torch.nn import functional as F
 
 EXPORTERS = ("legacy", "dynamo")
 """`torch.onnx.export(dynamo=False)` at opset 17, and the default `dynamo=True` (opset 18 and newer)."""
+OPSET_23 = "dynamo23"
+"""`dynamo=True` asked for opset 23, where it writes F.scaled_dot_product_attention as an Attention node and
+nn.RMSNorm as RMSNormalization: for the architectures that name it."""
+ALL_EXPORTERS = (*EXPORTERS, OPSET_23)
 
 
 def import_torchvision():
@@ -652,7 +656,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(Llama, _tokens, loss="mse"),
     # nn.RMSNorm as torch writes it, a tied head, repeat_interleave for the key/value heads.
     "llama_tied": Architecture(lambda: Llama(tied=True, interleave=True, norm=lambda d: nn.RMSNorm(d, eps=1e-6)),
-                               _tokens, loss="mse", exporters=("dynamo",)),
+                               _tokens, loss="mse", exporters=("dynamo", OPSET_23)),
     "moe": Architecture(lambda: Llama(tied=True, mlp=MixtureOfExperts), _tokens, loss="mse"),
     "moe_one_hot": Architecture(lambda: Llama(mlp=lambda d: MixtureOfExperts(d, combine="one_hot")), _tokens,
                                 loss="mse"),
@@ -776,6 +780,7 @@ def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | Non
             # The dynamo exporter's optimizer fuses BatchNorm into Conv whatever the module's mode.
             batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
             program = torch.onnx.export(module, inputs, dynamo=True, input_names=names, output_names=["output"],
-                                        optimize=not (batch_norm or training), verbose=False)
+                                        optimize=not (batch_norm or training), verbose=False,
+                                        opset_version=23 if exporter == OPSET_23 else None)
             program.save(str(path), external_data=True)
     return path

@@ -6,7 +6,8 @@ PyTorch's own float32 error, which shows how ill-conditioned the model is; the t
 at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
 tool's own one-line message.
 
-    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo] [--time-limit 30]
+    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23]
+        [--time-limit 30]
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ import onnx
 import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
-from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, OP_ARCHITECTURES, architecture, export, make
+from real_model_zoo import (
+    ALL_EXPORTERS,
+    ARCHITECTURES,
+    MORE_ARCHITECTURES,
+    OP_ARCHITECTURES,
+    architecture,
+    export,
+    make,
+)
 from torch import nn
 from torch.nn import functional as F
 
@@ -300,7 +309,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(ARCHITECTURES))
     parser.add_argument("--more", action="store_true", help="the architectures beyond the matrix instead")
     parser.add_argument("--ops", action="store_true", help="one small module per op with a gradient rule instead")
-    parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    parser.add_argument("--exporters", default=",".join(ALL_EXPORTERS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
     args = parser.parse_args()
     outcomes = []

@@ -181,12 +181,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class GroupedQueryAttention(nn.Module):
     """Llama's attention: bias-free projections, rotary embeddings on q and k, fewer key/value heads than query
-    heads (repeated to match by expand+reshape, or by repeat_interleave), causal scaled_dot_product_attention."""
+    heads, causal scaled_dot_product_attention. `gqa` says how the key/value heads are repeated to match: "expand"
+    (+reshape, Hugging Face's repeat_kv), "interleave" (repeat_interleave), or "sdpa" (by scaled_dot_product_attention
+    itself, enable_gqa=True, which the legacy exporter refuses)."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, length: int, interleave: bool) -> None:
+    def __init__(self, dim: int, heads: int, kv_heads: int, length: int, gqa: str) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.interleave = interleave
+        self.gqa = gqa
         self.q = nn.Linear(dim, dim, bias=False)
         self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
         self.o = nn.Linear(dim, dim, bias=False)
@@ -197,7 +199,7 @@ class GroupedQueryAttention(nn.Module):
     def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
         """(b, kv_heads, t, h) -> (b, heads, t, h), each key/value head serving heads // kv_heads query heads."""
         groups = self.heads // self.kv_heads
-        if self.interleave:
+        if self.gqa == "interleave":
             return x.repeat_interleave(groups, dim=1)
         b, _, t, h = x.shape
         return x[:, :, None].expand(b, self.kv_heads, groups, t, h).reshape(b, self.heads, t, h)
@@ -208,7 +210,10 @@ class GroupedQueryAttention(nn.Module):
         k, v = self.kv(x).reshape(b, t, 2 * self.kv_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
         cos, sin = self.cos[:t], self.sin[:t]
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        y = F.scaled_dot_product_attention(q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True)
+        if self.gqa == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True)
         return self.o(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -229,10 +234,10 @@ class LlamaBlock(nn.Module):
     """Pre-norm decoder block: RMSNorm, grouped-query attention, RMSNorm, an MLP, each with a residual."""
 
     def __init__(self, mlp: nn.Module, norm: Callable[[int], nn.Module], dim: int, heads: int, kv_heads: int,
-                 length: int, interleave: bool) -> None:
+                 length: int, gqa: str) -> None:
         super().__init__()
         self.norm1 = norm(dim)
-        self.attn = GroupedQueryAttention(dim, heads, kv_heads, length, interleave)
+        self.attn = GroupedQueryAttention(dim, heads, kv_heads, length, gqa)
         self.norm2 = norm(dim)
         self.mlp = mlp
 
@@ -246,12 +251,12 @@ class Llama(nn.Module):
     and a SwiGLU MLP (or `mlp`), a final RMSNorm and an LM head, tied to the embedding or not."""
 
     def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2,
-                 length: int = 16, tied: bool = False, interleave: bool = False,
+                 length: int = 16, tied: bool = False, gqa: str = "expand",
                  norm: Callable[[int], nn.Module] = RmsNorm,
                  mlp: Callable[[int], nn.Module] = lambda dim: SwiGlu(dim, 3 * dim)) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, dim)
-        self.blocks = nn.Sequential(*(LlamaBlock(mlp(dim), norm, dim, heads, kv_heads, length, interleave)
+        self.blocks = nn.Sequential(*(LlamaBlock(mlp(dim), norm, dim, heads, kv_heads, length, gqa)
                                       for _ in range(layers)))
         self.norm = norm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
@@ -654,10 +659,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     # torch's legacy exporter has no aten::rms_norm at opset 17.
     "t5_encoder": Architecture(T5Encoder, _padded_tokens, exporters=("dynamo",)),
     "llama": Architecture(Llama, _tokens, loss="mse"),
-    # nn.RMSNorm as torch writes it, a tied head, repeat_interleave for the key/value heads.
-    "llama_tied": Architecture(lambda: Llama(tied=True, interleave=True, norm=lambda d: nn.RMSNorm(d, eps=1e-6)),
+    # nn.RMSNorm and enable_gqa, which the legacy exporter cannot write, and a tied head.
+    "llama_tied": Architecture(lambda: Llama(tied=True, gqa="sdpa", norm=lambda d: nn.RMSNorm(d, eps=1e-6)),
                                _tokens, loss="mse", exporters=("dynamo", OPSET_23)),
-    "moe": Architecture(lambda: Llama(tied=True, mlp=MixtureOfExperts), _tokens, loss="mse"),
+    "moe": Architecture(lambda: Llama(tied=True, gqa="interleave", mlp=MixtureOfExperts), _tokens, loss="mse"),
     "moe_one_hot": Architecture(lambda: Llama(mlp=lambda d: MixtureOfExperts(d, combine="one_hot")), _tokens,
                                 loss="mse"),
     "moe_gather": Architecture(lambda: Llama(mlp=lambda d: MixtureOfExperts(d, combine="gather")), _tokens,

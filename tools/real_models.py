@@ -7,7 +7,7 @@ at 50% of keep-all (or its minimum, when 50% is below it) against the step as bu
 tool's own one-line message.
 
     python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23]
-        [--time-limit 30]
+        [--time-limit 30] [--train-budget 50%]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import fnmatch
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from torch.nn import functional as F
 
 from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
 from onnx_remat.passes.execute import ort_session
-from onnx_remat.pipeline import TrainingOptions, prepare, remat
+from onnx_remat.pipeline import RematResult, TrainingOptions, prepare, remat
 
 GRAD_PREFIX = "grad."
 OUTPUT_TOLERANCE = 1e-5
@@ -229,8 +230,8 @@ def frozen_constants(name: str, path: Path) -> tuple[str, ...]:
     return ((LIFTED,) if fnmatch.filter(names, LIFTED) else ()) + tuple(key for key in buffers if key in names)
 
 
-def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
-    """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
+def check_training(name: str, path: Path, outcome: Outcome, time_limit: float, budget: str = "50%") -> None:
+    """Build the training step, compare it with autograd, then rewrite it at `budget` and compare with itself."""
     options = TrainingOptions(loss=architecture(name).loss, freeze=frozen_constants(name, path))
     start = time.perf_counter()
     step = prepare(path, mode="train", training=options).proto
@@ -249,22 +250,27 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
         # A kink (a ReLU input within float32 rounding of zero) can flip in float32 alone: judge the float64 step.
         outcome.gradient_error = max(gradient_errors(float64_step_outputs(path, options, feeds), loss, grads))
         outcome.gradient_precision = "float64"
-    try:
-        result = remat(path, budget="50%", mode="train", training=options, time_limit=time_limit,
-                       find_minimum=False)
-        outcome.train_budget = "50%"
-    except (InfeasibleBudgetError, SolverError):
-        # At "min" the search's schedule starts the solver: a stated minimum in bytes would leave it to find one.
-        result = remat(path, budget="min", mode="train", training=options, time_limit=time_limit)
-        outcome.train_budget = "min"
+    result, outcome.train_budget = rewritten_step(path, options, budget, time_limit)
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)
     outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
 
 
-def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> Outcome:
+def rewritten_step(path: Path, options: TrainingOptions, budget: str, time_limit: float) -> tuple[RematResult, str]:
+    """The training step rewritten at `budget`, or at its minimum where `budget` is below it, and the budget used."""
+    if budget != "min":
+        try:
+            return remat(path, budget=budget, mode="train", training=options, time_limit=time_limit,
+                         find_minimum=False), budget
+        except (InfeasibleBudgetError, SolverError):
+            pass
+    # At "min" the search's schedule starts the solver: a stated minimum in bytes would leave it to find one.
+    return remat(path, budget="min", mode="train", training=options, time_limit=time_limit), "min"
+
+
+def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0, train_budget: str = "50%") -> Outcome:
     """Export one architecture and run every check, collecting the tool's messages for what fails; `time_limit`
-    bounds each solve (the best schedule found by then is checked)."""
+    bounds each solve (the best schedule found by then is checked), `train_budget` is the training step's."""
     outcome = Outcome(name, exporter)
     path = export(name, exporter, folder / f"{name}.{exporter}.onnx")
     model = onnx.load(str(path), load_external_data=False)
@@ -272,11 +278,15 @@ def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> O
     outcome.nodes = len(model.graph.node)
     outcome.op_types = tuple(sorted({node.op_type for node in model.graph.node}))
     training_path = export(name, exporter, folder / f"{name}.{exporter}.train.onnx", training=True)
-    for stage, model_path in ((check_inference, path), (check_training, training_path)):
+    stages: dict[str, Callable[[], None]] = {
+        "inference": lambda: check_inference(name, path, outcome, time_limit),
+        "training": lambda: check_training(name, training_path, outcome, time_limit, train_budget),
+    }
+    for stage, run_stage in stages.items():
         try:
-            stage(name, model_path, outcome, time_limit)
+            run_stage()
         except RematError as exc:
-            outcome.errors.append(f"{stage.__name__.removeprefix('check_')}: {exc}")
+            outcome.errors.append(f"{stage}: {exc}")
     return outcome
 
 
@@ -311,13 +321,16 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="one small module per op with a gradient rule instead")
     parser.add_argument("--exporters", default=",".join(ALL_EXPORTERS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
+    parser.add_argument("--train-budget", default="50%",
+                        help="the training step's rewrite budget (min where it is below the minimum; 'min' for one "
+                             "that recomputes where 50%% needs no recomputation)")
     args = parser.parse_args()
     outcomes = []
     with tempfile.TemporaryDirectory() as folder:
         names = MORE_ARCHITECTURES if args.more else OP_ARCHITECTURES if args.ops else args.models.split(",")
         for name in names:
             for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
-                outcomes.append(check(name, exporter, Path(folder), args.time_limit))
+                outcomes.append(check(name, exporter, Path(folder), args.time_limit, args.train_budget))
                 print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(outcomes))
     if args.ops:

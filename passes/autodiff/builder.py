@@ -160,13 +160,18 @@ def _walk(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Walk:
     return _Walk(candidates, requires, reaches, active)
 
 
+DIFFERENTIATED_AS_BODY = frozenset({"Attention", "RotaryEmbedding"})
+"""Ops without a rule of their own whose ONNX function body (opset 23's) is differentiated instead: standard math
+with rules. Not every op with a body: Bernoulli's would hide a random op behind a Cast that passes no gradient."""
+
+
 def _ruleless_bodies(model: ir.Model, info: GraphInfo,
                      frozen: frozenset[str]) -> list[tuple[ir.Node, onnx.FunctionProto]]:
-    """The nodes on a gradient path whose op has no gradient rule but an ONNX function body (opset 23's Attention,
-    RotaryEmbedding and RMSNormalization), with their bodies: differentiated as their body's ops, which have rules."""
+    """The nodes of DIFFERENTIATED_AS_BODY on a gradient path, with their function bodies."""
     opset, active = model_opset(model), _walk(model, info, frozen).active
     return [(node, body) for node in model.graph
-            if node in active and node.op_type not in RULES and (body := defined_body(node, opset)) is not None]
+            if node in active and node.op_type in DIFFERENTIATED_AS_BODY
+            and (body := defined_body(node, opset)) is not None]
 
 
 def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _GradientPaths:

@@ -3,8 +3,9 @@
 For each model: inference at the minimum budget (recomputation forced) against the original in onnxruntime;
 the training step's loss and gradients (float32) against PyTorch autograd on the module in float64, beside
 PyTorch's own float32 error, which shows how ill-conditioned the model is; the training step rewritten
-at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
-tool's own one-line message.
+at 50% of keep-all (`--train-budget`; or its minimum, when the budget is below it) against the step as built. Any
+failure is the tool's own one-line message. The exporters are the two of PyTorch, and `dynamo23`, the dynamo exporter
+at opset 23, for the architectures that name it.
 
     python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23]
         [--time-limit 30] [--train-budget 50%]

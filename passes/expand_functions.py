@@ -33,14 +33,24 @@ class ExpandFunctions(ir.passes.InPlacePass):
     such node is left (a body may use another such op)."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-        names = _Names(model.graph)
+        opset = model_opset(model)
         modified = False
         while expansions := [(node, body) for node in model.graph if (body := function_body(node, opset))]:
-            for node, body in expansions:
-                _expand(model.graph, node, body, _attributes(node, opset), names)
+            expand_nodes(model, expansions)
             modified = True
         return ir.passes.PassResult(model, modified=modified)
+
+
+def model_opset(model: ir.Model) -> int:
+    """The model's ONNX-domain opset."""
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+
+
+def expand_nodes(model: ir.Model, expansions: list[tuple[ir.Node, onnx.FunctionProto]]) -> None:
+    """Replace each main-graph node by its body's nodes, in place, as ExpandFunctions does."""
+    opset, names = model_opset(model), _Names(model.graph)
+    for node, body in expansions:
+        _expand(model.graph, node, body, _attributes(node, opset), names)
 
 
 @functools.cache
@@ -59,14 +69,22 @@ def has_cpu_kernel(op_type: str, since_version: int) -> bool:
 
 
 def function_body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
-    """The function body onnxruntime would inline for `node` at `opset`: None when the node is not of the ONNX
-    domain, has a CPU kernel, has no function body, its context-dependent body needs an input type not known, or the
-    body's ops mean something else at `opset` than at the opset it was written for."""
+    """The function body onnxruntime would inline for `node` at `opset`: its `defined_body`, if onnxruntime's CPU
+    provider has no kernel for the op."""
+    if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type, opset, ""):
+        return None
+    if has_cpu_kernel(node.op_type, onnx.defs.get_schema(node.op_type, opset, "").since_version):
+        return None
+    return defined_body(node, opset)
+
+
+def defined_body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
+    """The function body ONNX defines for `node` at `opset`, whether or not a runtime has a kernel for it: None when
+    the node is not of the ONNX domain, has no function body, its context-dependent body needs an input type not
+    known, or the body's ops mean something else at `opset` than at the opset it was written for."""
     if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type, opset, ""):
         return None
     schema = onnx.defs.get_schema(node.op_type, opset, "")
-    if has_cpu_kernel(node.op_type, schema.since_version):
-        return None
     # onnx's stubs (1.23) lack the function-body accessors of OpSchema; a body is stored at the opsets it was written
     # for, and the one in effect at `opset` is the latest of those up to it
     if schema.has_function:  # type: ignore[attr-defined]
@@ -74,14 +92,25 @@ def function_body(node: ir.Node, opset: int) -> onnx.FunctionProto | None:
         body = schema.get_function_with_opset_version(version)  # type: ignore[attr-defined]
     elif schema.has_context_dependent_function and all(_typed(v) for v in node.inputs):  # type: ignore[attr-defined]
         version = _in_effect(schema.context_dependent_function_opset_versions, opset)  # type: ignore[attr-defined]
-        types = [ir.serde.serialize_type(v.type).SerializeToString() for v in node.inputs if v and v.type]
+        # with their shapes: a body may depend on an input's rank (RotaryEmbedding-23 writes none without)
+        types = [ir.serde.serialize_value(v).type.SerializeToString() for v in node.inputs if v and v.type]
         node_bytes = ir.serde.serialize_node(node).SerializeToString()
         body = schema.get_context_dependent_function_with_opset_version(  # type: ignore[attr-defined]
             version, node_bytes, types)
     else:
         return None
-    function = onnx.FunctionProto.FromString(body)
+    function = _without_unwritten_outputs(onnx.FunctionProto.FromString(body))
     return function if body and _same_meaning(function, opset) else None
+
+
+def _without_unwritten_outputs(function: onnx.FunctionProto) -> onnx.FunctionProto:
+    """The body without the outputs it declares but no node of it writes: a context-dependent body (Attention-23)
+    writes only the optional outputs its node asks for."""
+    written = {name for node in function.node for name in node.output} | set(function.input)
+    kept = [name for name in function.output if name in written]
+    del function.output[:]
+    function.output.extend(kept)
+    return function
 
 
 def _in_effect(versions: list[int], opset: int) -> int:

@@ -835,3 +835,40 @@ def test_unsupported_ops_are_listed_once() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     with pytest.raises(ModelError, match=r"DFT \(e.g. node 'dft'\); Hardmax \(e.g. node 'hmax'\)$"):
         step_as_proto(model, loss="sum")
+
+
+def rotate_half_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                          ) -> torch.Tensor:
+    """RotaryEmbedding-23 on (batch, heads, sequence, head size), not interleaved, by rotate_half."""
+    cos, sin = torch.cat([cos, cos], -1)[positions].unsqueeze(1), torch.cat([sin, sin], -1)[positions].unsqueeze(1)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+POSITIONS = ints(0, 1, 2, 3, 4, 4, 3, 2, 1, 0).reshape(2, 5)
+"""Position ids in another order per row."""
+
+# Opset 23's ops with a function body and no rule are differentiated as their body's ops.
+FUNCTION_OPS = [
+    # Grouped-query causal attention: 4 query heads, 2 key/value heads, each serving two neighbouring query heads.
+    Case("Attention", [rand(2, 4, 5, 6), rand(2, 2, 5, 6), rand(2, 2, 5, 6)],
+         lambda q, k, v: F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                         is_causal=True),
+         {"is_causal": 1}, opset=23),
+    # (batch, sequence, heads x head size) with an additive mask and a scale.
+    Case("Attention", [rand(2, 5, 12), rand(2, 4, 12), rand(2, 4, 8), rand(5, 4)],
+         lambda q, k, v, mask: F.scaled_dot_product_attention(
+             *(z.reshape(2, -1, 2, z.shape[-1] // 2).transpose(1, 2) for z in (q, k, v)), mask, scale=0.3,
+         ).transpose(1, 2).reshape(2, 5, 8),
+         {"q_num_heads": 2, "kv_num_heads": 2, "scale": 0.3}, opset=23),
+    # RotaryEmbedding has no float64 form: no finite differences.
+    Case("RotaryEmbedding", [rand(2, 3, 5, 6), rand(5, 3), rand(5, 3), POSITIONS],
+         rotate_half_embedding, finite_differences=False, opset=23),
+]
+
+
+@pytest.mark.parametrize("case", FUNCTION_OPS, ids=repr)
+def test_function_ops(case: Case) -> None:
+    """No rule of its own: the training step differentiates the body, against finite differences and autograd."""
+    assert case.op not in RULES
+    check(case)

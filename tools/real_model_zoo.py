@@ -20,6 +20,10 @@ from torch.nn import functional as F
 
 EXPORTERS = ("legacy", "dynamo")
 """`torch.onnx.export(dynamo=False)` at opset 17, and the default `dynamo=True` (opset 18 and newer)."""
+OPSET_23 = "dynamo23"
+"""`dynamo=True` asked for opset 23, where it writes F.scaled_dot_product_attention as an Attention node and
+nn.RMSNorm as RMSNormalization: for the architectures that name it."""
+ALL_EXPORTERS = (*EXPORTERS, OPSET_23)
 
 
 def import_torchvision():
@@ -147,6 +151,206 @@ class Bert(nn.Module):
         x = self.norm(self.tokens(ids) + self.positions(position))
         x = self.encoder(x, src_key_padding_mask=padding)
         return self.classifier(x[:, 0])
+
+
+class RmsNorm(nn.Module):
+    """RMSNorm written out, as Llama's code does: x * rsqrt(mean(x^2) + eps) * w (both exporters write it)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(length: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin tables of rotary position embeddings, (length, head_dim), each frequency twice."""
+    frequencies = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(length).float(), frequencies)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the last dimension's halves, by slicing and concatenation."""
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Llama's attention: bias-free projections, rotary embeddings on q and k, fewer key/value heads than query
+    heads, causal scaled_dot_product_attention. `gqa` says how the key/value heads are repeated to match: "expand"
+    (+reshape, Hugging Face's repeat_kv), "interleave" (repeat_interleave), or "sdpa" (by scaled_dot_product_attention
+    itself, enable_gqa=True, which the legacy exporter refuses)."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, length: int, gqa: str) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.gqa = gqa
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        cos, sin = rotary_tables(length, self.head_dim)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+
+    def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, kv_heads, t, h) -> (b, heads, t, h), each key/value head serving heads // kv_heads query heads."""
+        groups = self.heads // self.kv_heads
+        if self.gqa == "interleave":
+            return x.repeat_interleave(groups, dim=1)
+        b, _, t, h = x.shape
+        return x[:, :, None].expand(b, self.kv_heads, groups, t, h).reshape(b, self.heads, t, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = self.q(x).reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, t, 2 * self.kv_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        cos, sin = self.cos[:t], self.sin[:t]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if self.gqa == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGlu(nn.Module):
+    """Llama's MLP: down(silu(gate(x)) * up(x)), bias-free."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: RMSNorm, grouped-query attention, RMSNorm, an MLP, each with a residual."""
+
+    def __init__(self, mlp: nn.Module, norm: Callable[[int], nn.Module], dim: int, heads: int, kv_heads: int,
+                 length: int, gqa: str) -> None:
+        super().__init__()
+        self.norm1 = norm(dim)
+        self.attn = GroupedQueryAttention(dim, heads, kv_heads, length, gqa)
+        self.norm2 = norm(dim)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder: token embedding (no position embedding), blocks with rotary grouped-query attention
+    and a SwiGLU MLP (or `mlp`), a final RMSNorm and an LM head, tied to the embedding or not."""
+
+    def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2,
+                 length: int = 16, tied: bool = False, gqa: str = "expand",
+                 norm: Callable[[int], nn.Module] = RmsNorm,
+                 mlp: Callable[[int], nn.Module] = lambda dim: SwiGlu(dim, 3 * dim)) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(*(LlamaBlock(mlp(dim), norm, dim, heads, kv_heads, length, gqa)
+                                      for _ in range(layers)))
+        self.norm = norm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        if tied:
+            self.head.weight = self.tokens.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.tokens(ids))))
+
+
+class MixtureOfExperts(nn.Module):
+    """A mixture-of-experts MLP written the dense way exporters handle: a router's softmax, its top-2 renormalised,
+    every expert on every token, combined by a gate mask scattered from the top-2 indices (`combine` "scatter"),
+    built by one_hot ("one_hot"), or the top-2 experts' outputs gathered by index ("gather")."""
+
+    def __init__(self, dim: int, experts: int = 4, hidden: int = 48, top: int = 2, combine: str = "scatter") -> None:
+        super().__init__()
+        self.top, self.combine = top, combine
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(SwiGlu(dim, hidden) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probabilities = self.router(x).softmax(dim=-1)
+        weights, index = probabilities.topk(self.top, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        outputs = torch.stack([expert(x) for expert in self.experts], dim=-2)  # (b, t, experts, d)
+        if self.combine == "gather":
+            chosen = outputs.gather(-2, index.unsqueeze(-1).expand(*index.shape, outputs.shape[-1]))
+            return (chosen * weights.unsqueeze(-1)).sum(dim=-2)
+        if self.combine == "one_hot":
+            gates = (F.one_hot(index, len(self.experts)).to(x.dtype) * weights.unsqueeze(-1)).sum(dim=-2)
+        else:
+            gates = torch.zeros_like(probabilities).scatter(-1, index, weights)
+        return (outputs * gates.unsqueeze(-1)).sum(dim=-2)
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """Whisper's sinusoidal position table, (length, dim): sines then cosines of geometric timescales."""
+    increment = math.log(10000) / (dim // 2 - 1)
+    scales = torch.exp(-increment * torch.arange(dim // 2).float())
+    angles = torch.arange(length).float()[:, None] * scales[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+class EncoderAttention(nn.Module):
+    """Whisper's attention: separate q, k (bias-free) and v projections, unmasked scaled_dot_product_attention."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (self.q(x), self.k(x),
+                                                                                        self.v(x)))
+        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+
+class WhisperBlock(nn.Module):
+    """Pre-norm encoder block: LayerNorm, attention, LayerNorm, a GELU MLP, each with a residual."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = EncoderAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class WhisperEncoder(nn.Module):
+    """A Whisper-style audio encoder: two Conv1d with GELU over log-mel frames (the second halving them),
+    sinusoidal positions, pre-norm blocks (attention, GELU MLP), a final LayerNorm."""
+
+    def __init__(self, mels: int = 16, dim: int = 32, heads: int = 4, layers: int = 2, frames: int = 32) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(mels, dim, 3, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, 3, stride=2, padding=1)
+        self.register_buffer("positions", sinusoids(frames // 2, dim))
+        self.layers = nn.ModuleList(WhisperBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
 
 
 class Recurrent(nn.Module):
@@ -415,6 +619,11 @@ def _sequence_16() -> tuple[torch.Tensor, ...]:
     return (torch.randn(2, 16, 8),)
 
 
+def _log_mel() -> tuple[torch.Tensor, ...]:
+    """Log-mel-like frames, (batch, 16 mels, 32 frames): the log of positive energies."""
+    return (torch.rand(2, 16, 32).clamp(min=1e-4).log10(),)
+
+
 def _sequence() -> tuple[torch.Tensor, ...]:
     return (torch.randn(2, 6, 8),)
 
@@ -449,6 +658,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "conv_decoder": Architecture(ConvDecoder, _sequence_16, loss="mse"),
     # torch's legacy exporter has no aten::rms_norm at opset 17.
     "t5_encoder": Architecture(T5Encoder, _padded_tokens, exporters=("dynamo",)),
+    "llama": Architecture(Llama, _tokens, loss="mse"),
+    # nn.RMSNorm and enable_gqa, which the legacy exporter cannot write, and a tied head.
+    "llama_tied": Architecture(lambda: Llama(tied=True, gqa="sdpa", norm=lambda d: nn.RMSNorm(d, eps=1e-6)),
+                               _tokens, loss="mse", exporters=("dynamo", OPSET_23)),
+    "moe": Architecture(lambda: Llama(tied=True, gqa="interleave", mlp=MixtureOfExperts), _tokens, loss="mse"),
+    "moe_one_hot": Architecture(lambda: Llama(mlp=lambda d: MixtureOfExperts(d, combine="one_hot")), _tokens,
+                                loss="mse"),
+    "moe_gather": Architecture(lambda: Llama(mlp=lambda d: MixtureOfExperts(d, combine="gather")), _tokens,
+                               loss="mse"),
+    "whisper_encoder": Architecture(WhisperEncoder, _log_mel, loss="mse"),
 }
 
 MORE_ARCHITECTURES: dict[str, Architecture] = {
@@ -566,6 +785,7 @@ def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | Non
             # The dynamo exporter's optimizer fuses BatchNorm into Conv whatever the module's mode.
             batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
             program = torch.onnx.export(module, inputs, dynamo=True, input_names=names, output_names=["output"],
-                                        optimize=not (batch_norm or training), verbose=False)
+                                        optimize=not (batch_norm or training), verbose=False,
+                                        opset_version=23 if exporter == OPSET_23 else None)
             program.save(str(path), external_data=True)
     return path

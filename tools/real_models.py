@@ -3,10 +3,12 @@
 For each model: inference at the minimum budget (recomputation forced) against the original in onnxruntime;
 the training step's loss and gradients (float32) against PyTorch autograd on the module in float64, beside
 PyTorch's own float32 error, which shows how ill-conditioned the model is; the training step rewritten
-at 50% of keep-all (or its minimum, when 50% is below it) against the step as built. Any failure is the
-tool's own one-line message.
+at 50% of keep-all (`--train-budget`; or its minimum, when the budget is below it) against the step as built. Any
+failure is the tool's own one-line message. The exporters are the two of PyTorch, and `dynamo23`, the dynamo exporter
+at opset 23, for the architectures that name it.
 
-    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo] [--time-limit 30]
+    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23]
+        [--time-limit 30] [--train-budget 50%]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import fnmatch
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +27,21 @@ import onnx
 import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
-from real_model_zoo import ARCHITECTURES, EXPORTERS, MORE_ARCHITECTURES, OP_ARCHITECTURES, architecture, export, make
+from real_model_zoo import (
+    ALL_EXPORTERS,
+    ARCHITECTURES,
+    MORE_ARCHITECTURES,
+    OP_ARCHITECTURES,
+    architecture,
+    export,
+    make,
+)
+from torch import nn
 from torch.nn import functional as F
 
 from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
 from onnx_remat.passes.execute import ort_session
-from onnx_remat.pipeline import TrainingOptions, prepare, remat
+from onnx_remat.pipeline import RematResult, TrainingOptions, prepare, remat
 
 GRAD_PREFIX = "grad."
 OUTPUT_TOLERANCE = 1e-5
@@ -146,7 +158,8 @@ def torch_gradients(name: str, label: np.ndarray | None, dtype: torch.dtype) -> 
         target = target.to(dtype) if target.is_floating_point() else target
         loss = F.cross_entropy(output, target) if kind == "cross-entropy" else F.mse_loss(output, target)
     loss.backward()
-    grads = {k: p.grad.numpy() for k, p in module.named_parameters() if p.grad is not None}
+    # Under every name of a tied parameter (an LM head sharing the embedding): exporters write either.
+    grads = {k: p.grad.numpy() for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
     return loss.item(), grads
 
 
@@ -206,15 +219,21 @@ LIFTED = "*lifted_tensor_*"
 writes it as an initializer even with its optimizer off, and a user training the model freezes it."""
 
 
-def lifted_constants(path: Path) -> tuple[str, ...]:
-    """The freeze pattern for the model's lifted constants, if it has any."""
+def frozen_constants(name: str, path: Path) -> tuple[str, ...]:
+    """What a user training the model freezes: its lifted constants' pattern, if it has any, and the module's float
+    buffers other than BatchNorm's statistics (rotary cos/sin tables, sinusoidal positions) that the exporter wrote
+    as initializers, which the training step would otherwise train like weights."""
     names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer]
-    return (LIFTED,) if fnmatch.filter(names, LIFTED) else ()
+    module, _ = make(name)
+    statistics = {f"{prefix}.{key}".lstrip(".") for prefix, m in module.named_modules()
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm) for key, _ in m.named_buffers(recurse=False)}
+    buffers = [key for key, b in module.named_buffers() if b.is_floating_point() and key not in statistics]
+    return ((LIFTED,) if fnmatch.filter(names, LIFTED) else ()) + tuple(key for key in buffers if key in names)
 
 
-def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
-    """Build the training step, compare it with autograd, then rewrite it at 50% and compare with itself."""
-    options = TrainingOptions(loss=architecture(name).loss, freeze=lifted_constants(path))
+def check_training(name: str, path: Path, outcome: Outcome, time_limit: float, budget: str = "50%") -> None:
+    """Build the training step, compare it with autograd, then rewrite it at `budget` and compare with itself."""
+    options = TrainingOptions(loss=architecture(name).loss, freeze=frozen_constants(name, path))
     start = time.perf_counter()
     step = prepare(path, mode="train", training=options).proto
     outcome.prepare_seconds = time.perf_counter() - start
@@ -232,22 +251,27 @@ def check_training(name: str, path: Path, outcome: Outcome, time_limit: float) -
         # A kink (a ReLU input within float32 rounding of zero) can flip in float32 alone: judge the float64 step.
         outcome.gradient_error = max(gradient_errors(float64_step_outputs(path, options, feeds), loss, grads))
         outcome.gradient_precision = "float64"
-    try:
-        result = remat(path, budget="50%", mode="train", training=options, time_limit=time_limit,
-                       find_minimum=False)
-        outcome.train_budget = "50%"
-    except (InfeasibleBudgetError, SolverError):
-        # At "min" the search's schedule starts the solver: a stated minimum in bytes would leave it to find one.
-        result = remat(path, budget="min", mode="train", training=options, time_limit=time_limit)
-        outcome.train_budget = "min"
+    result, outcome.train_budget = rewritten_step(path, options, budget, time_limit)
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)
     outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
 
 
-def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> Outcome:
+def rewritten_step(path: Path, options: TrainingOptions, budget: str, time_limit: float) -> tuple[RematResult, str]:
+    """The training step rewritten at `budget`, or at its minimum where `budget` is below it, and the budget used."""
+    if budget != "min":
+        try:
+            return remat(path, budget=budget, mode="train", training=options, time_limit=time_limit,
+                         find_minimum=False), budget
+        except (InfeasibleBudgetError, SolverError):
+            pass
+    # At "min" the search's schedule starts the solver: a stated minimum in bytes would leave it to find one.
+    return remat(path, budget="min", mode="train", training=options, time_limit=time_limit), "min"
+
+
+def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0, train_budget: str = "50%") -> Outcome:
     """Export one architecture and run every check, collecting the tool's messages for what fails; `time_limit`
-    bounds each solve (the best schedule found by then is checked)."""
+    bounds each solve (the best schedule found by then is checked), `train_budget` is the training step's."""
     outcome = Outcome(name, exporter)
     path = export(name, exporter, folder / f"{name}.{exporter}.onnx")
     model = onnx.load(str(path), load_external_data=False)
@@ -255,11 +279,15 @@ def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0) -> O
     outcome.nodes = len(model.graph.node)
     outcome.op_types = tuple(sorted({node.op_type for node in model.graph.node}))
     training_path = export(name, exporter, folder / f"{name}.{exporter}.train.onnx", training=True)
-    for stage, model_path in ((check_inference, path), (check_training, training_path)):
+    stages: dict[str, Callable[[], None]] = {
+        "inference": lambda: check_inference(name, path, outcome, time_limit),
+        "training": lambda: check_training(name, training_path, outcome, time_limit, train_budget),
+    }
+    for stage, run_stage in stages.items():
         try:
-            stage(name, model_path, outcome, time_limit)
+            run_stage()
         except RematError as exc:
-            outcome.errors.append(f"{stage.__name__.removeprefix('check_')}: {exc}")
+            outcome.errors.append(f"{stage}: {exc}")
     return outcome
 
 
@@ -292,15 +320,18 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(ARCHITECTURES))
     parser.add_argument("--more", action="store_true", help="the architectures beyond the matrix instead")
     parser.add_argument("--ops", action="store_true", help="one small module per op with a gradient rule instead")
-    parser.add_argument("--exporters", default=",".join(EXPORTERS))
+    parser.add_argument("--exporters", default=",".join(ALL_EXPORTERS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds each solve may take")
+    parser.add_argument("--train-budget", default="50%",
+                        help="the training step's rewrite budget (min where it is below the minimum; 'min' for one "
+                             "that recomputes where 50%% needs no recomputation)")
     args = parser.parse_args()
     outcomes = []
     with tempfile.TemporaryDirectory() as folder:
         names = MORE_ARCHITECTURES if args.more else OP_ARCHITECTURES if args.ops else args.models.split(",")
         for name in names:
             for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
-                outcomes.append(check(name, exporter, Path(folder), args.time_limit))
+                outcomes.append(check(name, exporter, Path(folder), args.time_limit, args.train_budget))
                 print(table(outcomes[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(outcomes))
     if args.ops:

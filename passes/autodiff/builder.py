@@ -25,6 +25,7 @@ from onnx_remat.passes.autodiff.training_form import (
     training_form_copy,
 )
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
+from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
 from onnx_remat.passes.shapes import WEIGHT_BYTES
 
@@ -90,6 +91,9 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
     stats = make_trainable(model)
     add_loss(model, loss, infer(model))
     info = infer(model)
+    while expansions := _ruleless_bodies(model, info, frozen):
+        expand_nodes(model, expansions)
+        info = infer(model)
     paths = _gradient_paths(model, info, frozen)
     backward = _Backward(model, info, paths)
     backward.run()
@@ -129,8 +133,19 @@ def _loss(model: ir.Model) -> ir.Value:
     return next(output for output in model.graph.outputs if output.name == LOSS)
 
 
-def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _GradientPaths:
-    """Find the trainable parameters and the nodes on their paths to the loss; ModelError if none or no rule."""
+@dataclass(frozen=True)
+class _Walk:
+    """The unfrozen float initializers, the tensors that depend on them, those the loss depends on, and the nodes
+    between them."""
+
+    candidates: list[ir.Value]
+    requires: set[ir.Value]
+    reaches: set[ir.Value]
+    active: set[ir.Node]
+
+
+def _walk(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Walk:
+    """Walk forward from the trainable initializers and back from the loss."""
     graph = model.graph
     candidates = [v for name, v in graph.initializers.items() if info.is_float(v) and name not in frozen]
     requires = set(candidates)
@@ -142,6 +157,28 @@ def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) ->
         if any(o in reaches and o in requires for o in node.outputs):
             active.add(node)
             reaches |= set(_differentiable(node, requires))
+    return _Walk(candidates, requires, reaches, active)
+
+
+DIFFERENTIATED_AS_BODY = frozenset({"Attention", "RotaryEmbedding"})
+"""Ops without a rule of their own whose ONNX function body (opset 23's) is differentiated instead: standard math
+with rules. Not every op with a body: Bernoulli's would hide a random op behind a Cast that passes no gradient."""
+
+
+def _ruleless_bodies(model: ir.Model, info: GraphInfo,
+                     frozen: frozenset[str]) -> list[tuple[ir.Node, onnx.FunctionProto]]:
+    """The nodes of DIFFERENTIATED_AS_BODY on a gradient path, with their function bodies."""
+    opset, active = model_opset(model), _walk(model, info, frozen).active
+    return [(node, body) for node in model.graph
+            if node in active and node.op_type in DIFFERENTIATED_AS_BODY
+            and (body := defined_body(node, opset)) is not None]
+
+
+def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _GradientPaths:
+    """Find the trainable parameters and the nodes on their paths to the loss; ModelError if none or no rule."""
+    graph = model.graph
+    walk = _walk(model, info, frozen)
+    candidates, requires, reaches, active = walk.candidates, walk.requires, walk.reaches, walk.active
     missing: dict[str, str] = {}  # op type -> the first node of that type
     for node in graph:
         if node in active and (node.op_type not in RULES or node.domain not in ("", "ai.onnx")):

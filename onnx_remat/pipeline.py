@@ -358,8 +358,7 @@ def costed_problem(
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
     kept = {device.name: kept_per_shared_buffer(device) for device in devices}
-    op_types = {node.op_type for node in prepared.model.graph}
-    sessions = {device.name: kept_per_session(device, op_types) for device in devices}
+    sessions = {device.name: kept_per_session(device, prepared.model.graph, infos) for device in devices}
     graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles, kept,
                           sessions)
     profiled = None

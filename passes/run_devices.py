@@ -469,11 +469,9 @@ class _Planner:
         for step in steps:
             if not isinstance(step, Segment):
                 continue
-            device = self.devices[step.device]
-            kept[step.device] += kept_per_session(device, {node.op_type for node in step.model.graph.node})
-            if each := kept_per_shared_buffer(device):
-                graph = ir.serde.deserialize_model(step.model).graph
-                kept[step.device] += each * len(sharing_nodes(graph, set(step.outputs)))
+            device, graph = self.devices[step.device], ir.serde.deserialize_model(step.model).graph
+            kept[step.device] += kept_per_session(device, graph, self.infos)
+            kept[step.device] += kept_per_shared_buffer(device) * len(sharing_nodes(graph, set(step.outputs)))
         return tuple(kept)
 
     def _peaks(

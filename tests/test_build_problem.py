@@ -16,6 +16,7 @@ from onnx_remat.passes.measure import held_before_run, predicted_activation_peak
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.runtime_kept import kept_per_session
 from onnx_remat.passes.simulate import simulate
+from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve.baselines import chen_segments, chen_sqrt_n, frontier_only, keep_all, prune_unread
 from onnx_remat.pipeline import costed_problem, prepare
 
@@ -46,7 +47,8 @@ def peaks(prepared, graph, schedule) -> tuple[int, int]:
     problem = graph.problem
     schedule = prune_unread(problem, schedule)
     model = rewrite(prepared.model, graph.opmap, schedule, problem.devices)
-    resident = held_before_run(model) + kept_per_session(get_devices(None)[0], {n.op_type for n in model.graph.node})
+    kept = kept_per_session(get_devices(None)[0], prepared.model.graph, tensor_infos(prepared.model))
+    resident = held_before_run(model) + kept
     return simulate(problem, schedule).peak_bytes[0] - resident, predicted_activation_peak(model)
 
 

@@ -1,42 +1,58 @@
-"""What onnxruntime keeps per session after its first run: the stack its intra-op worker thread touches in a GEMM,
-predicted (`runtime_kept.kept_per_session`) and measured in fresh processes."""
+"""What onnxruntime keeps per session after its first run: the stacks of the intra-op worker threads MLAS splits a
+GEMM over, predicted (`runtime_kept.kept_per_session`) and measured in fresh processes."""
 
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnx_remat
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
 from onnx_remat.passes.runtime_kept import SGEMM_STACK_BYTES, kept_per_session
+from onnx_remat.passes.sizes import tensor_infos
 
-NODES = 40
 SHAPE = (256, 4, 16, 16)  # t5_encoder's attention scores at 256 rows: a batched MatMul of two activations
 
 
-def matmul_chain() -> helper.ModelProto:
+def matmul_chain(nodes: int = 40, shape: tuple[int, ...] = SHAPE) -> onnx.ModelProto:
     """x @ x, then each product by itself: MatMuls whose B is an activation, which MLAS packs on the stack."""
-    nodes = [helper.make_node("MatMul", [name, name], ["y" if k == NODES - 1 else f"t{k}"], name=f"n{k}")
-             for k, name in enumerate(["x", *(f"t{k}" for k in range(NODES - 1))])]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    names = ["x", *(f"t{k}" for k in range(nodes - 1)), "y"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [names[k], names[k]], [names[k + 1]], name=f"n{k}") for k in range(nodes)],
+        "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 
 
-def cpu(threads: int) -> Device:
-    return Device("cpu", "onnxruntime", "CPUExecutionProvider", threads=threads)
+def with_weight(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its first MatMul's B an initializer, which onnxruntime prepacks at load."""
+    model.graph.node[0].input[1] = "w"
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(SHAPE[-2:], np.float32), "w"))
+    return model
 
 
-def test_a_session_keeps_its_worker_threads_gemm_stack_only_with_a_gemm_on_onnxruntime_cpu():
-    assert kept_per_session(cpu(1), {"MatMul"}) == 0
-    assert kept_per_session(cpu(3), {"Conv", "Relu"}) == 2 * SGEMM_STACK_BYTES
-    assert kept_per_session(cpu(3), {"Add", "Relu"}) == 0
-    assert kept_per_session(Device("cpu", "openvino", "CPU", threads=3), {"MatMul"}) == 0
+def cpu(threads: int, runtime: str = "onnxruntime") -> Device:
+    return Device("cpu", runtime, "CPUExecutionProvider" if runtime == "onnxruntime" else "CPU", threads=threads)
+
+
+def kept(model: onnx.ModelProto, device: Device) -> int:
+    return kept_per_session(device, ir.from_proto(model).graph, tensor_infos(model))
+
+
+def test_a_session_keeps_a_stack_per_worker_thread_its_largest_packing_gemm_is_split_over():
+    assert kept(matmul_chain(), cpu(1)) == 0
+    assert kept(matmul_chain(nodes=1), cpu(3)) == 2 * SGEMM_STACK_BYTES  # 4 Mi multiply-adds: every thread
+    assert kept(matmul_chain(nodes=1, shape=(16, 16, 16)), cpu(3)) == SGEMM_STACK_BYTES  # 64 Ki: two threads
+    assert kept(matmul_chain(nodes=1, shape=(4, 16, 16)), cpu(3)) == 0  # 16 Ki: the caller alone
+    assert kept(with_weight(matmul_chain(nodes=1)), cpu(3)) == 0  # B prepacked: nothing packed on the stack
+    assert kept(matmul_chain(), cpu(3, "openvino")) == 0
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ node drawing random values (random_ops.py) is computed once. Edges and hand-offs
 from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
 device's runtime keeps per node writing into its input's buffer after its first run (`shared_kept`:
 passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's count as resident on the first device,
-where the rewrite puts it.
+where the rewrite puts it. What it keeps per session (`session_kept`) is resident on its device: one session per device
+here, where a rewrite's device runs one segment per stretch of the schedule on it (`run_devices` counts each).
 """
 
 from __future__ import annotations
@@ -51,12 +52,14 @@ def build_problem(
     groups: Sequence[Sequence[str]] | None = None,
     roles: Sequence[str] = (),
     shared_kept: Mapping[str, int] | None = None,
+    session_kept: Mapping[str, int] | None = None,
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
     Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
     constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `shared_kept` gives, per
-    device name, the bytes its runtime keeps per node writing into its input's buffer (default: none).
+    device name, the bytes its runtime keeps per node writing into its input's buffer, `session_kept` per session
+    (default: none).
     """
     graph = model.graph
     nodes = {named(node): node for node in graph}
@@ -98,7 +101,8 @@ def build_problem(
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
-        resident_bytes=tuple(resident + prelude_kept * (d == 0) for d in range(len(devices))),
+        resident_bytes=tuple(resident + prelude_kept * (d == 0) + (session_kept or {}).get(device, 0)
+                             for d, device in enumerate(devices)),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,

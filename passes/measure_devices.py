@@ -30,7 +30,8 @@ or its bytes depending on where it landed, which its address tells (256 held out
 measured 17.0 MiB; counted at their data size they came to 16.8). Blocks under 4 KiB come from the heap, which does
 not shrink below its highest live block. What a runtime keeps is partly its own state: onnxruntime keeps about 0.22
 KiB per node that writes into its input's buffer, after the node's first run (chains of 2000 Relu nodes kept 0.42-0.44
-MiB; a chain of Add or Conv nodes nothing measurable), which the predictions count (`runtime_kept`); and partly the
+MiB; a chain of Add or Conv nodes nothing measurable), and 72 KiB of stack per intra-op worker thread of a session that
+runs a GEMM, which the predictions count (`runtime_kept`); and partly the
 heap's small tensors: DenseNet-121's training step keeps 0.8-1.9 MiB (5597 nodes), MobileNetV3-small's 0.5-0.8 (2204
 nodes; 85 of the dynamo export's 2556 share a buffer), spread by 0.1-1.0 MiB between fresh processes
 (docs/measurements.md). That is the heap the run's small tensors needed, its holes resident after they are freed

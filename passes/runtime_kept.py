@@ -1,4 +1,4 @@
-"""What a runtime keeps per node after the node's first run: resident for every later run of its session.
+"""What a runtime keeps per node, and per session, after the first run: resident for every later run of the session.
 
 onnxruntime's CPU provider keeps SHARED_BUFFER_BYTES for each node that writes into its input's buffer (a view such
 as Reshape or Identity, an activation run in place: aliasing.shared_buffers), from the node's first run on, and
@@ -10,27 +10,87 @@ write a buffer of their own, Conv, MatMul, Add and Where among them; a Relu in p
 counted here: OpenVINO (measured the same way, 3 processes: 0 KiB kept by chains of 2000 Relu, Add or Reshape, 28-32
 by Conv at 500 and 2000 alike) and a GPU provider (its per-node state would be in host memory, not the device's; not
 measured).
+
+Per session, onnxruntime's CPU provider keeps the stack its intra-op worker threads touched: each session has its own
+pool of (intra-op threads - 1) workers (the caller is the last thread), every one with an 8 MiB stack mapping of which
+a GEMM slice run on the worker touches SGEMM_STACK_BYTES (MLAS packs a panel of A, 12 x 128 floats, and one of B,
+128 x 128 floats, on the stack: 70 KiB and the frames), resident from then on: a stack never shrinks. MLAS splits a
+GEMM over one thread per `workspace.THREAD_COMPLEXITY` multiply-adds, and packs no B that onnxruntime prepacked at load
+(a MatMul's or Gemm's initializer). Measured on t5_encoder's training step (dynamo, 256 rows) at its minimum, one
+session per node with 2 threads: each MatMul and Gemm that ran a slice on the worker grew its stack mapping by 72 KiB,
+no other node type by more than 12 KiB; the caller's own stack is touched once per process (the measurement's
+throwaway run).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import onnx_ir as ir
 
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import name_of
+from onnx_remat.passes.sizes import TensorInfo
+from onnx_remat.passes.workspace import gemm_threads
 
 SHARED_BUFFER_BYTES = 223
 """onnxruntime CPU: bytes kept per node writing into its input's buffer (the median over the eight op types)."""
+SGEMM_STACK_BYTES = 72 * 1024
+"""onnxruntime CPU: stack bytes an intra-op worker thread keeps touched after its first GEMM slice."""
 
 
 def kept_per_shared_buffer(device: Device) -> int:
     """Bytes `device`'s runtime keeps for each node writing into its input's buffer, after its first run."""
-    if device.runtime != "onnxruntime" or device.provider != "CPUExecutionProvider":
+    return SHARED_BUFFER_BYTES if _onnxruntime_cpu(device) else 0
+
+
+def kept_per_session(device: Device, nodes: Iterable[ir.Node], infos: dict[str, TensorInfo]) -> int:
+    """Bytes `device`'s runtime keeps for a session running `nodes`, after its first run: the stacks of the intra-op
+    worker threads that MLAS splits its largest packing GEMM over."""
+    if not _onnxruntime_cpu(device):
         return 0
-    return SHARED_BUFFER_BYTES
+    threads = intra_op_threads(device)
+    workers = max((gemm_threads(packing_multiply_adds(node, infos), threads) - 1 for node in nodes), default=0)
+    return workers * SGEMM_STACK_BYTES
+
+
+def packing_multiply_adds(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
+    """Multiply-adds of a node whose MLAS SGEMM packs its B on the stack, else 0: a Conv (B is its im2col matrix), a
+    ConvTranspose, a MatMul or Gemm whose B is not an initializer."""
+    names = [name_of(value) for value in [*node.inputs[:2], *node.outputs[:1]]]
+    if len(names) < 3 or any(name not in infos for name in names):
+        return 0
+    a, b, out = (infos[name] for name in names)
+    if node.op_type == "Conv":
+        return out.numel * math.prod(b.shape[1:])
+    if node.op_type == "ConvTranspose":
+        return a.numel * math.prod(b.shape[1:])
+    weight = node.inputs[1]
+    if node.op_type in ("MatMul", "Gemm") and a.shape and weight is not None and not weight.is_initializer():
+        transposed = node.op_type == "Gemm" and node.attributes.get_int("transA", 0) == 1
+        return out.numel * a.shape[0 if transposed else -1]
+    return 0
+
+
+def intra_op_threads(device: Device) -> int:
+    """The threads of an onnxruntime session's intra-op pool: the device's, else onnxruntime's default, one per
+    physical core."""
+    return device.threads or physical_cores()
+
+
+def physical_cores() -> int:
+    """This machine's physical CPU cores (distinct package and core ids in sysfs; the logical CPUs without them)."""
+    topologies = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology")
+    cores = {((t / "physical_package_id").read_text(), (t / "core_id").read_text()) for t in topologies}
+    return len(cores) or os.cpu_count() or 1
+
+
+def _onnxruntime_cpu(device: Device) -> bool:
+    return device.runtime == "onnxruntime" and device.provider == "CPUExecutionProvider"
 
 
 def sharing_nodes(nodes: Iterable[ir.Node], graph_outputs: set[str]) -> set[ir.Node]:

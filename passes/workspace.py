@@ -142,11 +142,11 @@ def _conv_floats(node: ir.Node, infos: dict[str, TensorInfo], threads: int) -> i
         return output_size * k
     if x[0] > 1 or group > 1:
         return min(threads, x[0] * group) * PANEL_FLOATS
-    return _gemm_threads(filters * output_size * k, threads) * PANEL_FLOATS
+    return gemm_threads(filters * output_size * k, threads) * PANEL_FLOATS
 
 
-def _gemm_threads(complexity: int, threads: int) -> int:
-    """Threads MLAS splits a convolution over: one per THREAD_COMPLEXITY multiply-adds, capped."""
+def gemm_threads(complexity: int, threads: int) -> int:
+    """Threads MLAS splits a GEMM (or a convolution) over: one per THREAD_COMPLEXITY multiply-adds, capped."""
     return max(1, min(complexity // THREAD_COMPLEXITY + 1, MAX_THREADS, threads))
 
 

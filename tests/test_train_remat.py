@@ -128,7 +128,7 @@ def test_a_session_run_twice_gives_the_same_running_statistics():
         np.testing.assert_array_equal(first[k], second[k])
 
 
-@pytest.mark.parametrize("budget", ["min", "30%"])  # 25%: below the minimum, heap tensors counting 350 B more
+@pytest.mark.parametrize("budget", ["min", "33%"])  # 30%: below the minimum, a worker thread's 72 KiB stack more
 def test_recomputed_training_batch_norm_updates_running_statistics_once(budget):
     """Every output of the rewritten training step, running statistics included, equals the un-rewritten one's
     at budgets that recompute BatchNorm: a recomputation reads its own copy of the pristine statistics (onnxruntime

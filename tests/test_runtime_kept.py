@@ -1,0 +1,67 @@
+"""What onnxruntime keeps per session after its first run: the stacks of the intra-op worker threads MLAS splits a
+GEMM over, predicted (`runtime_kept.kept_per_session`) and measured in fresh processes."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnx_remat
+from onnx_remat.core.devices import Device
+from onnx_remat.passes.measure_devices import measure_device_peaks
+from onnx_remat.passes.run_devices import build_plan
+from onnx_remat.passes.runtime_kept import SGEMM_STACK_BYTES, kept_per_session
+from onnx_remat.passes.sizes import tensor_infos
+
+SHAPE = (256, 4, 16, 16)  # t5_encoder's attention scores at 256 rows: a batched MatMul of two activations
+
+
+def matmul_chain(nodes: int = 40, shape: tuple[int, ...] = SHAPE) -> onnx.ModelProto:
+    """x @ x, then each product by itself: MatMuls whose B is an activation, which MLAS packs on the stack."""
+    names = ["x", *(f"t{k}" for k in range(nodes - 1)), "y"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [names[k], names[k]], [names[k + 1]], name=f"n{k}") for k in range(nodes)],
+        "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def with_weight(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its first MatMul's B an initializer, which onnxruntime prepacks at load."""
+    model.graph.node[0].input[1] = "w"
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(SHAPE[-2:], np.float32), "w"))
+    return model
+
+
+def cpu(threads: int, runtime: str = "onnxruntime") -> Device:
+    return Device("cpu", runtime, "CPUExecutionProvider" if runtime == "onnxruntime" else "CPU", threads=threads)
+
+
+def kept(model: onnx.ModelProto, device: Device) -> int:
+    return kept_per_session(device, ir.from_proto(model).graph, tensor_infos(model))
+
+
+def test_a_session_keeps_a_stack_per_worker_thread_its_largest_packing_gemm_is_split_over():
+    assert kept(matmul_chain(), cpu(1)) == 0
+    assert kept(matmul_chain(nodes=1), cpu(3)) == 2 * SGEMM_STACK_BYTES  # 4 Mi multiply-adds: every thread
+    assert kept(matmul_chain(nodes=1, shape=(16, 16, 16)), cpu(3)) == SGEMM_STACK_BYTES  # 64 Ki: two threads
+    assert kept(matmul_chain(nodes=1, shape=(4, 16, 16)), cpu(3)) == 0  # 16 Ki: the caller alone
+    assert kept(with_weight(matmul_chain(nodes=1)), cpu(3)) == 0  # B prepacked: nothing packed on the stack
+    assert kept(matmul_chain(), cpu(3, "openvino")) == 0
+
+
+@pytest.mark.slow
+def test_what_a_worker_thread_keeps_is_measured_as_predicted():
+    model = onnx_remat.remat(matmul_chain(), budget="100%").model
+    feeds = {"x": np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)}
+    plans = {threads: build_plan(model, (cpu(threads),)) for threads in (1, 2)}
+    # Medians of three fresh processes: 0-16 KiB kept with one thread, 56-80 with two (one worker thread).
+    measured = {threads: statistics.median(measure_device_peaks(plan, feeds).kept_bytes[0] for _ in range(3))
+                for threads, plan in plans.items()}
+    predicted = {threads: plan.kept_bytes[0] for threads, plan in plans.items()}
+    assert measured[2] - measured[1] == pytest.approx(predicted[2] - predicted[1], abs=32 * 1024)

@@ -40,7 +40,8 @@ from onnx_remat.pipeline import TrainingOptions, remat
 
 MIB = 2**20
 BATCHES = {"gpt": 256, "gpt_sdpa": 256, "gpt_mha": 256, "gpt_einsum": 256, "bert": 256, "t5_encoder": 256, "vit": 128,
-           "lstm": 2048, "gru": 2048}
+           "lstm": 2048, "gru": 2048, "llama": 256, "llama_tied": 256, "moe": 256, "moe_one_hot": 256,
+           "moe_gather": 256, "whisper_encoder": 256}
 """Rows per input where 32 leaves most tensors small: under the measurement's mmap threshold (passes/measure.py) they
 come from a heap the warm-up run touched and escape the measurement (BERT at 32 rows measured 62-84% of its
 prediction at a 64 KiB threshold, at 256 rows 99%)."""

@@ -7,8 +7,9 @@ a later step or the graph reads, and what nobody reads, so that no runtime prune
 runtime (`runtimes`). A copy node (`onnx_remat.role` = copy) is not run by a runtime: the executor moves its input
 from the source device to the target through host memory. A copy ends the open segment if it goes into the
 segment's device or is the last reader of its input (which is then freed where the schedule frees it); any other
-copy waits for the segment's end. A segment also ends after the last reader of a tensor copied into it, since the
-executor holds a segment's inputs until it returns. Graph inputs and the prelude's outputs are
+copy waits for the segment's end. The executor holds a segment's inputs until it returns, where the schedule frees
+each after its last reader: a segment also ends after the last reader of an input where holding the inputs read for
+the last time would take its device above the schedule's peak. Graph inputs and the prelude's outputs are
 held on every device that reads them, moved there before its first segment reading them. The executor drops its
 reference to a value after the last step that reads it.
 
@@ -145,8 +146,10 @@ def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
     """Split a rewritten model into per-device segments and copies, and predict each device's peak memory."""
     devices = tuple(devices)
     model = resolve_shapes(model)
-    groups = _group(_placements(model, devices))
-    return _Planner(model, devices, tensor_infos(model)).build(groups)
+    planner = _Planner(model, devices, tensor_infos(model))
+    sizes = {name: info.allocated_bytes for name, info in planner.infos.items()
+             if name not in planner.resident and name not in planner.initializers}
+    return planner.build(_group(_placements(model, devices), sizes, set(planner.graph_outputs)))
 
 
 def execute(
@@ -297,24 +300,35 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
     return placed
 
 
-def _group(placed: list[_Placed]) -> list[list[_Placed]]:
+def _group(placed: list[_Placed], sizes: dict[str, int], kept: set[str]) -> list[list[_Placed]]:
     """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
     goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
-    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). A run
-    also ends at the last reader of a tensor copied into it: the executor holds a run's inputs until the run ends,
-    and the schedule frees that tensor there. (Ending runs at the last reader of any earlier run's output would cut
-    a chain into single nodes: each cut makes the next node's input such an output.)"""
+    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). The
+    executor holds a run's inputs until the run returns, where the schedule frees each after its last reader, so a
+    run also ends at the last reader of one of its inputs when holding the inputs read for the last time so far
+    (`sizes`: bytes of the tensors that are not resident) through the rest of the run would take its device above
+    the peak of the schedule's memory (`_schedule_memory`; `kept`: tensors held to the end). Ending runs at every
+    such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
-    copied = {name for item in placed if item.source is not None for name in item.node.output}
+    memory = _schedule_memory(placed, sizes, kept, last_reader)
+    peaks: dict[int, int] = {}
+    for item, held in zip(placed, memory, strict=True):
+        peaks[item.device] = max(peaks.get(item.device, 0), held)
+    ahead = _run_ahead(placed, memory)
     groups: list[list[_Placed]] = []
     current: list[_Placed] = []
     waiting: list[list[_Placed]] = []
+    produced: set[str] = set()
+    dead = 0  # bytes of the open run's inputs whose last reader ran
 
     def close() -> None:
+        nonlocal dead
         groups.extend([current.copy()] if current else [])
         groups.extend(waiting)
         current.clear()
         waiting.clear()
+        produced.clear()
+        dead = 0
 
     for k, item in enumerate(placed):
         if item.source is not None:
@@ -327,10 +341,46 @@ def _group(placed: list[_Placed]) -> list[list[_Placed]]:
         if current and item.device != current[0].device:
             close()
         current.append(item)
-        if any(name in copied and last_reader[name] == k for name in item.node.input):
+        dead += sum(sizes.get(name, 0) for name in set(item.node.input) - produced if last_reader[name] == k)
+        produced.update(item.node.output)
+        if dead and dead + ahead[k] > peaks[item.device]:
             close()
     close()
     return groups
+
+
+def _schedule_memory(
+    placed: list[_Placed], sizes: dict[str, int], kept: set[str], last_reader: dict[str, int]
+) -> list[int]:
+    """Per node, the bytes of tensors (in `sizes`) its device holds while it runs when each is freed after its last
+    reader, as the schedule frees it (`kept`: held to the end); a copy's is its target's."""
+    held: dict[int, int] = {}
+    freed: dict[int, list[tuple[int, int]]] = {}
+    memory = []
+    for k, item in enumerate(placed):
+        made = [name for name in item.node.output if name in sizes]
+        held[item.device] = held.get(item.device, 0) + sum(sizes[name] for name in made)
+        memory.append(held[item.device])
+        for name in made:
+            if name not in kept:
+                freed.setdefault(max(k, last_reader.get(name, k)), []).append((item.device, sizes[name]))
+        for device, size in freed.pop(k, []):
+            held[device] -= size
+    return memory
+
+
+def _run_ahead(placed: list[_Placed], memory: list[int]) -> list[int]:
+    """Per node, the most its device's schedule memory reaches at the later nodes of that device before a node of
+    another device: how far the rest of a run could go (copies do not end it here)."""
+    ahead = [0] * len(placed)
+    device, most = -1, 0
+    for k in range(len(placed) - 1, -1, -1):
+        item = placed[k]
+        ahead[k] = most if item.device == device else 0
+        if item.source is None:
+            most = max(most, memory[k]) if item.device == device else memory[k]
+            device = item.device
+    return ahead
 
 
 class _Planner:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -371,7 +371,7 @@ def _schedule_memory(
 
 def _run_ahead(placed: list[_Placed], memory: list[int]) -> list[int]:
     """Per node, the most its device's schedule memory reaches at the later nodes of that device before a node of
-    another device: how far the rest of a run could go (copies do not end it here)."""
+    another device or a copy into it, which end a run: how far the rest of its run could go."""
     ahead = [0] * len(placed)
     device, most = -1, 0
     for k in range(len(placed) - 1, -1, -1):
@@ -380,6 +380,8 @@ def _run_ahead(placed: list[_Placed], memory: list[int]) -> list[int]:
         if item.source is None:
             most = max(most, memory[k]) if item.device == device else memory[k]
             device = item.device
+        elif item.device == device:
+            most = 0
     return ahead
 
 
@@ -532,19 +534,39 @@ class _Planner:
     ) -> tuple[int, ...]:
         """Each device's predicted peak bytes over the steps (see the module docstring); `parameters` is what each
         device holds throughout: its parameters and what its runtime keeps."""
-        held: list[dict[str, int]] = [{} for _ in self.devices]
+        sizes = {name: info.allocated_bytes for name, info in self.infos.items()}
         peaks = list(parameters)
-        for step, dropped in zip(steps, drops, strict=True):
-            if isinstance(step, Segment):
-                here = held[step.device]
-                here.update((name, self.infos[name].allocated_bytes) for name, _ in step.uploads)
-                running = parameters[step.device] + sum(here.values()) + step.activation_bytes
-                peaks[step.device] = max(peaks[step.device], running)
-                here.update((name, self.infos[name].allocated_bytes) for name in step.outputs)
-            else:
-                here = held[step.target]
-                here[step.target_name] = self.infos[step.target_name].allocated_bytes
-                peaks[step.target] = max(peaks[step.target], parameters[step.target] + sum(here.values()))
-            for name, device in dropped:
-                del held[device][name]
+        for moment in step_holdings(steps, drops, sizes):
+            running = parameters[moment.device] + sum(moment.held.values()) + moment.running
+            peaks[moment.device] = max(peaks[moment.device], running)
         return tuple(peaks)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What the executor holds on the device a step runs on (a hand-off: its target) at the step's heaviest moment:
+    the values by name (a live dict: copy it to keep it) and what a segment's run adds (its outputs and workspace)."""
+
+    index: int
+    device: int
+    held: dict[str, int]
+    running: int
+
+
+def step_holdings(
+    steps: Sequence[Step], drops: Sequence[Sequence[Key]], sizes: dict[str, int]
+) -> Iterator[Holding]:
+    """Per step, what the executor holds on its device while it runs (`sizes`: allocated bytes by tensor)."""
+    held: dict[int, dict[str, int]] = {}
+    for index, (step, dropped) in enumerate(zip(steps, drops, strict=True)):
+        if isinstance(step, Segment):
+            here = held.setdefault(step.device, {})
+            here.update((name, sizes[name]) for name, _ in step.uploads)
+            yield Holding(index, step.device, here, step.activation_bytes)
+            here.update((name, sizes[name]) for name in step.outputs)
+        else:
+            here = held.setdefault(step.target, {})
+            here[step.target_name] = sizes[step.target_name]
+            yield Holding(index, step.target, here, 0)
+        for name, device in dropped:
+            del held[device][name]

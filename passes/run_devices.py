@@ -48,6 +48,7 @@ from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.passes.verdict import Verdict, judge
+from onnx_remat.passes.workspace import workspace_bytes
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
 # Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several
@@ -147,9 +148,12 @@ def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
     devices = tuple(devices)
     model = resolve_shapes(model)
     planner = _Planner(model, devices, tensor_infos(model))
+    placed = _placements(model, devices)
     sizes = {name: info.allocated_bytes for name, info in planner.infos.items()
              if name not in planner.resident and name not in planner.initializers}
-    return planner.build(_group(_placements(model, devices), sizes, set(planner.graph_outputs)))
+    scratch = [workspace_bytes(node, planner.infos, devices[item.device].threads or 1)
+               for node, item in zip(ir.serde.deserialize_model(model).graph, placed, strict=True)]
+    return planner.build(_group(placed, sizes, set(planner.graph_outputs), scratch))
 
 
 def execute(
@@ -300,17 +304,20 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
     return placed
 
 
-def _group(placed: list[_Placed], sizes: dict[str, int], kept: set[str]) -> list[list[_Placed]]:
+def _group(
+    placed: list[_Placed], sizes: dict[str, int], kept: set[str], scratch: list[int]
+) -> list[list[_Placed]]:
     """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
     goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
     it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). The
     executor holds a run's inputs until the run returns, where the schedule frees each after its last reader, so a
     run also ends at the last reader of one of its inputs when holding the inputs read for the last time so far
     (`sizes`: bytes of the tensors that are not resident) through the rest of the run would take its device above
-    the peak of the schedule's memory (`_schedule_memory`; `kept`: tensors held to the end). Ending runs at every
+    the peak of the schedule's memory (`_schedule_memory`; `kept`: tensors held to the end, `scratch`: each node's
+    workspace). Ending runs at every
     such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
-    memory = _schedule_memory(placed, sizes, kept, last_reader)
+    memory = _schedule_memory(placed, sizes, kept, last_reader, scratch)
     peaks: dict[int, int] = {}
     for item, held in zip(placed, memory, strict=True):
         peaks[item.device] = max(peaks.get(item.device, 0), held)
@@ -350,17 +357,18 @@ def _group(placed: list[_Placed], sizes: dict[str, int], kept: set[str]) -> list
 
 
 def _schedule_memory(
-    placed: list[_Placed], sizes: dict[str, int], kept: set[str], last_reader: dict[str, int]
+    placed: list[_Placed], sizes: dict[str, int], kept: set[str], last_reader: dict[str, int], scratch: list[int]
 ) -> list[int]:
-    """Per node, the bytes of tensors (in `sizes`) its device holds while it runs when each is freed after its last
-    reader, as the schedule frees it (`kept`: held to the end); a copy's is its target's."""
+    """Per node, the bytes its device holds while it runs when each tensor (in `sizes`) is freed after its last
+    reader, as the schedule frees it (`kept`: held to the end), and its workspace (`scratch`); a copy's is its
+    target's."""
     held: dict[int, int] = {}
     freed: dict[int, list[tuple[int, int]]] = {}
     memory = []
     for k, item in enumerate(placed):
         made = [name for name in item.node.output if name in sizes]
         held[item.device] = held.get(item.device, 0) + sum(sizes[name] for name in made)
-        memory.append(held[item.device])
+        memory.append(held[item.device] + scratch[k])
         for name in made:
             if name not in kept:
                 freed.setdefault(max(k, last_reader.get(name, k)), []).append((item.device, sizes[name]))

@@ -307,15 +307,14 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
 def _group(
     placed: list[_Placed], sizes: dict[str, int], kept: set[str], scratch: list[int]
 ) -> list[list[_Placed]]:
-    """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
-    goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
-    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). The
-    executor holds a run's inputs until the run returns, where the schedule frees each after its last reader, so a
-    run also ends at the last reader of one of its inputs when holding the inputs read for the last time so far
-    (`sizes`: bytes of the tensors that are not resident) through the rest of the run would take its device above
-    the peak of the schedule's memory (`_schedule_memory`; `kept`: tensors held to the end, `scratch`: each node's
-    workspace). Ending runs at every
-    such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
+    """Same-device runs of nodes and single copies, in execution order. A copy ends the open run when it goes into
+    the run's device or is the last reader of its input (so the input is freed where the schedule frees it); any
+    other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). The executor holds
+    a run's inputs until the run returns, where the schedule frees each after its last reader, so a run also ends at
+    the last reader of one of its inputs when holding the inputs read for the last time so far (`sizes`: bytes of the
+    tensors that are not resident) through the rest of the run would take its device above the peak of the schedule's
+    memory (`_schedule_memory`; `kept`: tensors held to the end, `scratch`: each node's workspace). Ending runs at
+    every such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
     memory = _schedule_memory(placed, sizes, kept, last_reader, scratch)
     peaks: dict[int, int] = {}
@@ -348,7 +347,7 @@ def _group(
         if current and item.device != current[0].device:
             close()
         current.append(item)
-        dead += sum(sizes.get(name, 0) for name in set(item.node.input) - produced if last_reader[name] == k)
+        dead += sum(sizes.get(name, 0) for name in set(item.node.input) - produced - kept if last_reader[name] == k)
         produced.update(item.node.output)
         if dead and dead + ahead[k] > peaks[item.device]:
             close()

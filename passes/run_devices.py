@@ -7,8 +7,9 @@ a later step or the graph reads, and what nobody reads, so that no runtime prune
 runtime (`runtimes`). A copy node (`onnx_remat.role` = copy) is not run by a runtime: the executor moves its input
 from the source device to the target through host memory. A copy ends the open segment if it goes into the
 segment's device or is the last reader of its input (which is then freed where the schedule frees it); any other
-copy waits for the segment's end. A segment also ends after the last reader of a tensor copied into it, since the
-executor holds a segment's inputs until it returns. Graph inputs and the prelude's outputs are
+copy waits for the segment's end. The executor holds a segment's inputs until it returns, where the schedule frees
+each after its last reader: a segment also ends after the last reader of an input where holding the inputs read for
+the last time would take its device above the schedule's peak. Graph inputs and the prelude's outputs are
 held on every device that reads them, moved there before its first segment reading them. The executor drops its
 reference to a value after the last step that reads it.
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +48,7 @@ from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.passes.verdict import Verdict, judge
+from onnx_remat.passes.workspace import workspace_bytes
 
 HOST = -1  # the "device" of graph inputs given as numpy arrays
 # Warm-up runs take at least this long: OpenVINO's first runs of many compiled models in a process are several
@@ -145,8 +147,13 @@ def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
     """Split a rewritten model into per-device segments and copies, and predict each device's peak memory."""
     devices = tuple(devices)
     model = resolve_shapes(model)
-    groups = _group(_placements(model, devices))
-    return _Planner(model, devices, tensor_infos(model)).build(groups)
+    planner = _Planner(model, devices, tensor_infos(model))
+    placed = _placements(model, devices)
+    sizes = {name: info.allocated_bytes for name, info in planner.infos.items()
+             if name not in planner.resident and name not in planner.initializers}
+    scratch = [workspace_bytes(node, planner.infos, devices[item.device].threads or 1)
+               for node, item in zip(ir.serde.deserialize_model(model).graph, placed, strict=True)]
+    return planner.build(_group(placed, sizes, set(planner.graph_outputs), scratch))
 
 
 def execute(
@@ -297,24 +304,37 @@ def _placements(model: onnx.ModelProto, devices: tuple[Device, ...]) -> list[_Pl
     return placed
 
 
-def _group(placed: list[_Placed]) -> list[list[_Placed]]:
-    """Maximal same-device runs of nodes and single copies, in execution order. A copy ends the open run when it
-    goes into the run's device or is the last reader of its input (so the input is freed where the schedule frees
-    it); any other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). A run
-    also ends at the last reader of a tensor copied into it: the executor holds a run's inputs until the run ends,
-    and the schedule frees that tensor there. (Ending runs at the last reader of any earlier run's output would cut
-    a chain into single nodes: each cut makes the next node's input such an output.)"""
+def _group(
+    placed: list[_Placed], sizes: dict[str, int], kept: set[str], scratch: list[int]
+) -> list[list[_Placed]]:
+    """Same-device runs of nodes and single copies, in execution order. A copy ends the open run when it goes into
+    the run's device or is the last reader of its input (so the input is freed where the schedule frees it); any
+    other copy waits for the run's end (nothing in the run reads it, its input stays alive anyway). The executor holds
+    a run's inputs until the run returns, where the schedule frees each after its last reader, so a run also ends at
+    the last reader of one of its inputs when holding the inputs read for the last time so far (`sizes`: bytes of the
+    tensors that are not resident) through the rest of the run would take its device above the peak of the schedule's
+    memory (`_schedule_memory`; `kept`: tensors held to the end, `scratch`: each node's workspace). Ending runs at
+    every such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
     last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
-    copied = {name for item in placed if item.source is not None for name in item.node.output}
+    memory = _schedule_memory(placed, sizes, kept, last_reader, scratch)
+    peaks: dict[int, int] = {}
+    for item, held in zip(placed, memory, strict=True):
+        peaks[item.device] = max(peaks.get(item.device, 0), held)
+    ahead = _run_ahead(placed, memory)
     groups: list[list[_Placed]] = []
     current: list[_Placed] = []
     waiting: list[list[_Placed]] = []
+    produced: set[str] = set()
+    dead = 0  # bytes of the open run's inputs whose last reader ran
 
     def close() -> None:
+        nonlocal dead
         groups.extend([current.copy()] if current else [])
         groups.extend(waiting)
         current.clear()
         waiting.clear()
+        produced.clear()
+        dead = 0
 
     for k, item in enumerate(placed):
         if item.source is not None:
@@ -327,10 +347,49 @@ def _group(placed: list[_Placed]) -> list[list[_Placed]]:
         if current and item.device != current[0].device:
             close()
         current.append(item)
-        if any(name in copied and last_reader[name] == k for name in item.node.input):
+        dead += sum(sizes.get(name, 0) for name in set(item.node.input) - produced - kept if last_reader[name] == k)
+        produced.update(item.node.output)
+        if dead and dead + ahead[k] > peaks[item.device]:
             close()
     close()
     return groups
+
+
+def _schedule_memory(
+    placed: list[_Placed], sizes: dict[str, int], kept: set[str], last_reader: dict[str, int], scratch: list[int]
+) -> list[int]:
+    """Per node, the bytes its device holds while it runs when each tensor (in `sizes`) is freed after its last
+    reader, as the schedule frees it (`kept`: held to the end), and its workspace (`scratch`); a copy's is its
+    target's."""
+    held: dict[int, int] = {}
+    freed: dict[int, list[tuple[int, int]]] = {}
+    memory = []
+    for k, item in enumerate(placed):
+        made = [name for name in item.node.output if name in sizes]
+        held[item.device] = held.get(item.device, 0) + sum(sizes[name] for name in made)
+        memory.append(held[item.device] + scratch[k])
+        for name in made:
+            if name not in kept:
+                freed.setdefault(max(k, last_reader.get(name, k)), []).append((item.device, sizes[name]))
+        for device, size in freed.pop(k, []):
+            held[device] -= size
+    return memory
+
+
+def _run_ahead(placed: list[_Placed], memory: list[int]) -> list[int]:
+    """Per node, the most its device's schedule memory reaches at the later nodes of that device before a node of
+    another device or a copy into it, which end a run: how far the rest of its run could go."""
+    ahead = [0] * len(placed)
+    device, most = -1, 0
+    for k in range(len(placed) - 1, -1, -1):
+        item = placed[k]
+        ahead[k] = most if item.device == device else 0
+        if item.source is None:
+            most = max(most, memory[k]) if item.device == device else memory[k]
+            device = item.device
+        elif item.device == device:
+            most = 0
+    return ahead
 
 
 class _Planner:
@@ -484,19 +543,39 @@ class _Planner:
     ) -> tuple[int, ...]:
         """Each device's predicted peak bytes over the steps (see the module docstring); `parameters` is what each
         device holds throughout: its parameters and what its runtime keeps."""
-        held: list[dict[str, int]] = [{} for _ in self.devices]
+        sizes = {name: info.allocated_bytes for name, info in self.infos.items()}
         peaks = list(parameters)
-        for step, dropped in zip(steps, drops, strict=True):
-            if isinstance(step, Segment):
-                here = held[step.device]
-                here.update((name, self.infos[name].allocated_bytes) for name, _ in step.uploads)
-                running = parameters[step.device] + sum(here.values()) + step.activation_bytes
-                peaks[step.device] = max(peaks[step.device], running)
-                here.update((name, self.infos[name].allocated_bytes) for name in step.outputs)
-            else:
-                here = held[step.target]
-                here[step.target_name] = self.infos[step.target_name].allocated_bytes
-                peaks[step.target] = max(peaks[step.target], parameters[step.target] + sum(here.values()))
-            for name, device in dropped:
-                del held[device][name]
+        for moment in step_holdings(steps, drops, sizes):
+            running = parameters[moment.device] + sum(moment.held.values()) + moment.running
+            peaks[moment.device] = max(peaks[moment.device], running)
         return tuple(peaks)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What the executor holds on the device a step runs on (a hand-off: its target) at the step's heaviest moment:
+    the values by name (a live dict: copy it to keep it) and what a segment's run adds (its outputs and workspace)."""
+
+    index: int
+    device: int
+    held: dict[str, int]
+    running: int
+
+
+def step_holdings(
+    steps: Sequence[Step], drops: Sequence[Sequence[Key]], sizes: dict[str, int]
+) -> Iterator[Holding]:
+    """Per step, what the executor holds on its device while it runs (`sizes`: allocated bytes by tensor)."""
+    held: dict[int, dict[str, int]] = {}
+    for index, (step, dropped) in enumerate(zip(steps, drops, strict=True)):
+        if isinstance(step, Segment):
+            here = held.setdefault(step.device, {})
+            here.update((name, sizes[name]) for name, _ in step.uploads)
+            yield Holding(index, step.device, here, step.activation_bytes)
+            here.update((name, sizes[name]) for name in step.outputs)
+        else:
+            here = held.setdefault(step.target, {})
+            here[step.target_name] = sizes[step.target_name]
+            yield Holding(index, step.target, here, 0)
+        for name, device in dropped:
+            del held[device][name]

@@ -24,14 +24,17 @@ from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
 from onnx_remat.passes.simulate import check_schedule, simulate
+from onnx_remat.passes.sizes import allocated_bytes
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.baselines import keep_all, on_device, placed
+from onnx_remat.passes.solve.offload import offload
 from onnx_remat.pipeline import costed_problem, faster_by_running, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_ENGINES = str(ROOT / "devices" / "ort-cpu+ov-cpu.toml")
 FIXTURE = ROOT / "models" / "fixtures" / "resnet18_small.onnx"
+TENSOR_BYTES = allocated_bytes(4 * 4 * 16 * 16)  # a skip_net tensor (1x4x16x16 floats) as allocated
 TOLERANCE = 1e-4  # OpenVINO against onnxruntime in f32, relative to the largest magnitude (as in the autodiff tests)
 
 
@@ -93,7 +96,9 @@ def test_a_schedule_on_the_second_device_runs_as_one_segment_there():
 
 def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
     """skip_net's encoder on ort-cpu, its decoder on ov-cpu, each skip copied when needed: the decoder segment
-    ends at every copy into ov-cpu, and a copy waits for nothing (each is its input's last reader)."""
+    ends at every copy into ov-cpu, and a copy waits for nothing (each is its input's last reader). A decoder step
+    after the first also ends after its Tanh, the last reader of the previous step's sum: held to the Add's end, that
+    sum would make ov-cpu hold four tensors where the schedule holds three (ov-cpu's peak was 4 tensors before)."""
     original = skip_net()
     ops = tuple((node.name,) for node in original.graph.node)
     c = Compute
@@ -105,16 +110,18 @@ def test_plan_splits_at_copies_into_the_open_device_and_after_last_readers():
     plan = build_plan(model, get_devices(TWO_ENGINES))
     kinds = [f"{'S' if isinstance(s, Segment) else 'H'}{s.device if isinstance(s, Segment) else s.target}"
              for s in plan.steps]
-    assert kinds == ["S0", "H1", "S1", "H1", "S1", "H1", "S1", "H1", "S1"]
+    assert kinds == ["S0", "H1", "S1", "H1", "S1", "S1", "H1", "S1", "S1", "H1", "S1", "S1"]
+    assert plan.peak_bytes[1] == 3 * TENSOR_BYTES
     assert [s.node for s in plan.steps if isinstance(s, Handoff)] == [f"e{k}__copy_ort-cpu_to_ov-cpu" for k in
                                                                      (3, 2, 1, 0)]
     feeds = random_feeds(original, seed=0)
     assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
 
 
-def test_plan_ends_a_segment_after_the_last_reader_of_a_copied_tensor():
-    """Every skip copied to ov-cpu up front: the decoder runs as one segment per skip, each ending where its skip
-    is last read, since the executor holds a segment's inputs until it returns (the schedule frees them there)."""
+def test_plan_ends_a_segment_after_the_last_reader_of_an_input_only_where_that_lowers_the_peak():
+    """Every skip copied to ov-cpu up front: the decoder holds the four skips, its step's Tanh and sum at its first
+    Add, six tensors, the schedule's peak; later steps hold fewer skips, so holding a read skip or the previous sum to
+    the segment's end stays within that peak, and the decoder runs as one segment (it was one per skip)."""
     original = skip_net()
     ops = tuple((node.name,) for node in original.graph.node)
     c = Compute
@@ -125,7 +132,8 @@ def test_plan_ends_a_segment_after_the_last_reader_of_a_copied_tensor():
     model = rewrite(ir.serde.deserialize_model(original), OpMap(ops), schedule, ("ort-cpu", "ov-cpu"))
     plan = build_plan(model, get_devices(TWO_ENGINES))
     segments = [[node.name for node in s.model.graph.node] for s in plan.steps if isinstance(s, Segment)]
-    assert segments[1:] == [[f"dec{k}", f"add{k}"] for k in range(4)]
+    assert segments[1:] == [[name for k in range(4) for name in (f"dec{k}", f"add{k}")]]
+    assert plan.peak_bytes[1] == 6 * TENSOR_BYTES
     feeds = random_feeds(original, seed=0)
     assert_same_outputs(onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1).outputs, original, feeds)
 
@@ -323,3 +331,30 @@ def test_a_shape_computed_from_a_tensor_another_device_hands_over_runs(tmp_path)
     result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1, measure_memory=False)
     assert_same_outputs(result.outputs, prepared.proto, feeds)
     assert result.copies >= 1 and result.segments == {"ort-cpu": 1, "ov-cpu": 2}
+
+
+def test_an_offloading_schedule_runs_at_the_peak_the_report_predicts_and_within_budget():
+    """skip_net's training step (1 MiB tensors) computed on ort-cpu at half its keep-all, parking skips on ov-cpu:
+    run's predicted peak on ort-cpu is the schedule's (the executor held every input of a long backward segment
+    until it returned, where the schedule frees each after its last reader: 21.1 MiB predicted, over the 18.6 MiB
+    budget, for the schedule's 18.1), and the measured peak (median of fresh processes) is within the budget.
+    ov-cpu only stores copies: run holds no parameters or inputs there, which the problem counts on every device, so
+    its prediction there is the schedule's less those."""
+    devices = get_devices(TWO_ENGINES)
+    prepared = prepare(skip_net(depth=4, channels=16, size=128), "train")
+    graph = costed_problem(prepared, devices, "analytic")
+    keep = graph.problem.keep_all_bytes(0)
+    problem = replace(graph.problem, budgets=(keep // 2, keep))
+    schedule = offload(problem, compute=0, store=1)
+    assert schedule is not None and any(isinstance(event, Copy) for event in schedule.events)
+    report = check_schedule(problem, schedule).peak_bytes
+    budgets = dict(zip(problem.devices, problem.budgets, strict=True))
+    model = rewrite(prepared.model, graph.opmap, schedule, problem.devices, budgets)
+    feeds = random_feeds(prepared.proto, seed=0)
+    result = onnx_remat.run_on_devices(model, TWO_ENGINES, feeds, repeats=1)
+    assert_same_outputs(result.outputs, prepared.proto, feeds)
+    predicted, measured = result.predicted_peak_bytes, result.measured_peak_bytes
+    assert predicted["ort-cpu"] == pytest.approx(report[0], rel=0.02)
+    assert predicted["ov-cpu"] == pytest.approx(report[1] - problem.resident_bytes[1], rel=0.02)
+    assert measured is not None and measured["ort-cpu"] <= budgets["ort-cpu"], f"{measured} over {budgets}"
+    assert result.within_budgets

@@ -11,9 +11,11 @@ from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.manager import named, run_passes, to_proto
 from onnx_remat.passes.shapes import ResolveShapes
 
-MIN_OPSET = 14
+MIN_OPSET = 16
 """The oldest default-domain opset the training graph is written in (BatchNormalization's training_mode attribute
-arrives at 14); an older model is converted up to it, a newer one is kept at its own opset."""
+arrives at 14, the reduction="add" of ScatterND and ScatterElements that the gradients of Gather, GatherElements,
+GatherND and MaxPool accumulate with at 16); an older model is converted up to it, a newer one is kept at its own
+opset."""
 TRAINING_DOMAINS = frozenset({"ai.onnx.preview.training"})
 TRAINING_OPS = frozenset({
     "InPlaceAccumulator", "ZeroGradient", "BatchNormInternal", "SoftmaxCrossEntropyLossInternal", "YieldOp",
@@ -22,7 +24,7 @@ TRAINING_OPS = frozenset({
 
 
 def training_form_copy(model: ir.Model) -> ir.Model:
-    """A copy at the model's opset (at least 14) with every node uniquely named; ModelError if it already is a
+    """A copy at the model's opset (at least MIN_OPSET) with every node uniquely named; ModelError if it already is a
     training model."""
     model = _at_least_min_opset(model)
     reject_training(model)

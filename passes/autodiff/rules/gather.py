@@ -1,5 +1,5 @@
-"""Gradients of indexing ops: the output gradient scattered back with repeated indices accumulated (opset 16+), or
-gathered from where a scatter wrote."""
+"""Gradients of indexing ops: the output gradient scattered back with repeated indices accumulated (reduction="add",
+opset 16: training_form converts an older model up), or gathered from where a scatter wrote."""
 
 from __future__ import annotations
 
@@ -14,16 +14,6 @@ from onnx_remat.passes.autodiff.graph_info import attr_int, attr_str, present
 
 Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
-SCATTER_ADD_OPSET = 16
-"""ScatterND and ScatterElements take reduction="add" from opset 16."""
-
-
-def _require_scatter_add(e: Emitter, node: ir.Node) -> None:
-    if e.info.opset < SCATTER_ADD_OPSET:
-        raise ModelError(f"the gradient of {node.op_type} {node.name!r} needs opset {SCATTER_ADD_OPSET} or newer "
-                         f"(the model has {e.info.opset}): export the model at opset {SCATTER_ADD_OPSET}+")
-
-
 def _wrapped(e: Emitter, indices: ir.Value, size: int) -> ir.Value:
     """Indices with negative entries counted from the end, as Gather reads them."""
     negative = e.op("Less", indices, e.const_like(indices, 0))
@@ -33,7 +23,6 @@ def _wrapped(e: Emitter, indices: ir.Value, size: int) -> ir.Value:
 def gather(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Scatter-add dy into zeros shaped like the data: with the gathered axis moved to the front, ScatterND adds
     each index's slice of dy, so an embedding row picked twice gets both gradients."""
-    _require_scatter_add(e, node)
     data, indices = (present(v) for v in node.inputs[:2])
     shape, index_shape = e.info.shape(data), e.info.shape(indices)
     axis = attr_int(node, "axis", 0) % len(shape)
@@ -51,7 +40,6 @@ def gather(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.
 
 def gather_elements(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """ScatterElements with reduction="add" of dy into zeros shaped like the data, along the same axis."""
-    _require_scatter_add(e, node)
     data, indices = (present(v) for v in node.inputs[:2])
     shape = e.info.shape(data)
     axis = attr_int(node, "axis", 0) % len(shape)
@@ -75,7 +63,6 @@ def _require_no_batch_dims(node: ir.Node) -> None:
 
 def gather_nd(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """ScatterND with reduction="add" of dy into zeros shaped like the data: a slice picked twice gets both."""
-    _require_scatter_add(e, node)
     _require_no_batch_dims(node)
     data, indices = (present(v) for v in node.inputs[:2])
     shape = e.info.shape(data)

@@ -23,7 +23,10 @@ EXPORTERS = ("legacy", "dynamo")
 OPSET_23 = "dynamo23"
 """`dynamo=True` asked for opset 23, where it writes F.scaled_dot_product_attention as an Attention node and
 nn.RMSNorm as RMSNormalization: for the architectures that name it."""
-ALL_EXPORTERS = (*EXPORTERS, OPSET_23)
+OPSET_13 = "legacy13"
+"""`dynamo=False` at opset 13, the oldest the tool takes (older exports are still in use): for the architectures that
+name it, converted up to opset 16 for training (MaxPool's and Gather's gradients accumulate with reduction="add")."""
+ALL_EXPORTERS = (*EXPORTERS, OPSET_23, OPSET_13)
 
 
 def import_torchvision():
@@ -641,14 +644,14 @@ class Architecture:
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "resnet18": Architecture(_vision("resnet18", num_classes=10), _image),
+    "resnet18": Architecture(_vision("resnet18", num_classes=10), _image, exporters=(*EXPORTERS, OPSET_13)),
     "resnet50": Architecture(_vision("resnet50", num_classes=10), _image, slow=True),
     "mobilenet_v2": Architecture(_vision("mobilenet_v2", num_classes=10), _image, slow=True),
     "mobilenet_v3_small": Architecture(_vision("mobilenet_v3_small", num_classes=10), _image),
     "squeezenet1_1": Architecture(_vision("squeezenet1_1", num_classes=10), _image),
     "shufflenet_v2_x1_0": Architecture(_vision("shufflenet_v2_x1_0", num_classes=10), _image, slow=True),
     "vit": Architecture(_vit, _small_image),
-    "gpt": Architecture(lambda: Gpt(CausalSelfAttention), _tokens, loss="mse"),
+    "gpt": Architecture(lambda: Gpt(CausalSelfAttention), _tokens, loss="mse", exporters=(*EXPORTERS, OPSET_13)),
     "gpt_sdpa": Architecture(lambda: Gpt(SdpaSelfAttention), _tokens, loss="mse"),
     "gpt_mha": Architecture(lambda: Gpt(MhaSelfAttention), _tokens, loss="mse"),
     "gpt_einsum": Architecture(lambda: Gpt(EinsumSelfAttention), _tokens, loss="mse"),
@@ -778,9 +781,9 @@ def export(name: str, exporter: str, path: Path, seed: int = 0, batch: int | Non
     names = ["ids", "padding"] if name == "bert" else ["input"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if exporter == "legacy":
-            torch.onnx.export(module, inputs, str(path), dynamo=False, opset_version=17, do_constant_folding=False,
-                              input_names=names, output_names=["output"])
+        if exporter in ("legacy", OPSET_13):
+            torch.onnx.export(module, inputs, str(path), dynamo=False, opset_version=13 if exporter == OPSET_13 else 17,
+                              do_constant_folding=False, input_names=names, output_names=["output"])
         else:
             # The dynamo exporter's optimizer fuses BatchNorm into Conv whatever the module's mode.
             batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())

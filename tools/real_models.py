@@ -5,9 +5,9 @@ the training step's loss and gradients (float32) against PyTorch autograd on the
 PyTorch's own float32 error, which shows how ill-conditioned the model is; the training step rewritten
 at 50% of keep-all (`--train-budget`; or its minimum, when the budget is below it) against the step as built. Any
 failure is the tool's own one-line message. The exporters are the two of PyTorch, and `dynamo23`, the dynamo exporter
-at opset 23, for the architectures that name it.
+at opset 23, and `legacy13`, the legacy one at opset 13, for the architectures that name them.
 
-    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23]
+    python tools/real_models.py [--models resnet18,gpt | --more | --ops] [--exporters legacy,dynamo,dynamo23,legacy13]
         [--time-limit 30] [--train-budget 50%]
 """
 

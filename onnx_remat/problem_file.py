@@ -190,7 +190,7 @@ def _computed_once(top: dict[str, Any], n: int, where: str) -> tuple[int, ...]:
 def _loaded(top: dict[str, Any], n: int, count: int, where: str) -> tuple[Loaded, ...]:
     """The optional "loaded" groups (none if absent): bytes per device and at least one reader each."""
     groups = []
-    for g, value in enumerate(top.get("loaded", [])):
+    for g, value in enumerate(_list(top, "loaded", where) if "loaded" in top else []):
         here = f"{where}: loaded[{g}]"
         group = _object(value, here, _LOADED_KEYS)
         readers = tuple(_index(r, n, f"{here}.readers[{k}]") for k, r in enumerate(_list(group, "readers", here)))

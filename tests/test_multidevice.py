@@ -131,6 +131,15 @@ def test_minimum_budgets_count_only_the_parameters_a_device_loads():
     assert minimum_equal_budget(p).lower >= 50 + step_bytes(p, 3)
 
 
+def test_a_minimum_no_heuristic_reaches_within_the_other_budgets_is_refused():
+    """Device 1 holds 5 bytes whatever runs there, over its budget of 0: no budget of device 0 helps (the search
+    ended in a ValueError from min() of nothing: EfficientNet-B0 with ov-cpu below its parameters did, before a device
+    held only the parameters it reads)."""
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 1]], [100, 0], resident=(0, 5))
+    with pytest.raises(InfeasibleBudgetError, match="other devices"):
+        minimum_budget(p, 0)
+
+
 def test_no_single_device_fits_but_a_mixed_schedule_does():
     """Graph outputs op0 and op2 (10 bytes each) cannot both stay on one 15-byte device."""
     p = problem([(0, 1), (1, 2)], [10, 1, 10], [[1, 1, 1], [1, 1, 1]], [15, 15], outputs=(0, 2))

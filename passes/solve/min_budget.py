@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import simulate
@@ -83,7 +84,14 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0, 
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
     runs = search_runs(problem, time_limit, slowdown)
-    peak, schedule = min(_candidates(problem, device, deadline, runs), key=lambda pair: pair[0])
+    candidates = _candidates(problem, device, deadline, runs)
+    if not candidates:
+        others = ", ".join(f"{problem.devices[d]} {problem.budgets[d]} bytes" for d in range(problem.num_devices)
+                           if d != device)
+        raise InfeasibleBudgetError(
+            f"no schedule found fits the budgets of the other devices ({others}) whatever the budget of "
+            f"{problem.devices[device]}: raise them")
+    peak, schedule = min(candidates, key=lambda pair: pair[0])
     if peak == lower or time.perf_counter() >= deadline or too_large(problem):
         return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -213,6 +214,27 @@ def test_highs_and_cbc_agree_and_beat_every_single_device(p: Problem):
         except InfeasibleBudgetError:
             continue
         assert highs.model_objective <= single.model_objective + 1e-9
+
+
+def optimum(p: Problem) -> float:
+    """The proven optimum of `p` (checked by the simulator), or infinity where no schedule fits."""
+    try:
+        result = checked(p, solve(p))
+    except InfeasibleBudgetError:
+        return math.inf
+    assert result.status == "optimal"
+    return result.model_objective
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_device_problems())
+def test_loading_lies_between_no_parameters_and_every_parameter_on_every_device(p: Problem):
+    """Every schedule within the budgets when each device holds every loaded group also fits when it holds only those
+    its computations read, and that schedule fits when no device holds any: the optima are ordered."""
+    free = replace(p, loaded=())
+    everywhere = replace(p, loaded=(), resident_bytes=tuple(p.resident_with(d, range(p.num_ops)) for d in range(2)))
+    assert optimum(free) <= optimum(p) + 1e-9
+    assert optimum(p) <= optimum(everywhere) + 1e-9
 
 
 def test_every_compute_lands_on_a_valid_device():

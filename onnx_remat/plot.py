@@ -64,9 +64,12 @@ def _draw_matrix(ax: Axes, image: np.ndarray, cmap: ListedColormap, title: str, 
 
 
 def memory_traces(problem: Problem, schedule: Schedule) -> list[np.ndarray]:
-    """Per device, MiB held before the first event and after each event (from the simulator)."""
+    """Per device, MiB held before the first event (its resident bytes and the loaded groups its computations read)
+    and after each event (from the simulator)."""
     traces = simulate(problem, schedule).memory_trace
-    return [np.array((resident, *trace)) / _MIB for resident, trace in zip(problem.resident_bytes, traces, strict=True)]
+    residents = [problem.resident_with(d, (c.op for c in schedule.computes if c.device == d))
+                 for d in range(problem.num_devices)]
+    return [np.array((resident, *trace)) / _MIB for resident, trace in zip(residents, traces, strict=True)]
 
 
 def running_memory(problem: Problem, schedule: Schedule, traces: list[np.ndarray]) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """Problem files: the solver's Problem as documented JSON, so results can be reproduced and other solvers compared.
 
-Format (version 1), one JSON object; every key is required but `computed_once` and an operator's `kept_bytes`, no
-other key is allowed:
+Format (version 1), one JSON object; every key is required but `computed_once`, `loaded` and an operator's
+`kept_bytes`, no other key is allowed:
 
     {
       "format": "onnx-remat-problem",
@@ -15,11 +15,12 @@ other key is allowed:
       ],
       "edges": [[0, 1], ...],
       "graph_outputs": [7, ...],
-      "computed_once": [3, ...]
+      "computed_once": [3, ...],
+      "loaded": [{"bytes": [4096, 4096], "readers": [0, 9]}, ...]
     }
 
-- `devices[d]`: the device's name, the bytes it holds for the whole run (parameters, graph inputs) and its
-  budget: the bytes it may hold at any moment, resident bytes included.
+- `devices[d]`: the device's name, the bytes it holds for the whole run whatever runs there (with one device:
+  parameters, graph inputs) and its budget: the bytes it may hold at any moment, resident bytes included.
 - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to device e
   takes `fixed + per_byte * b` seconds (devices x devices matrices; the fixed part is paid by every hand-off).
 - `operators[i]`, in a topological order: `seconds[d]` to run it on device d (one entry per device), the bytes
@@ -29,6 +30,8 @@ other key is allowed:
 - `graph_outputs`: operators whose output must still be held on some device when the run ends.
 - `computed_once`: operators that may be computed only once (random ones: Dropout in training, RandomUniformLike...);
   their output is held or copied until its last use. Optional on reading (files written before it: none).
+- `loaded`: tensors (parameters, graph inputs with several devices) that device d holds for the whole run, `bytes[d]`,
+  once one of their `readers` (operator indices) is computed there. Optional on reading (none).
 
 Sizes are whole non-negative bytes, times non-negative seconds. A file that breaks any of this is refused on
 reading with a ModelError (exit code 3: an unusable input) naming the field and what to fix.
@@ -43,14 +46,15 @@ from typing import Any
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.core.files import write_atomically
-from onnx_remat.core.problem import Problem
+from onnx_remat.core.problem import Loaded, Problem
 
 FORMAT = "onnx-remat-problem"
 VERSION = 1
 _TOP_KEYS = (
     "format", "version", "devices", "copy_seconds_per_byte", "copy_fixed_seconds", "operators", "edges", "graph_outputs"
 )
-_OPTIONAL_TOP_KEYS = ("computed_once",)
+_OPTIONAL_TOP_KEYS = ("computed_once", "loaded")
+_LOADED_KEYS = ("bytes", "readers")
 _DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
 _OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
 _OPTIONAL_OPERATOR_KEYS = ("kept_bytes",)
@@ -80,6 +84,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
         "edges": [list(edge) for edge in problem.edges],
         "graph_outputs": list(problem.graph_outputs),
         "computed_once": list(problem.computed_once),
+        "loaded": [{"bytes": list(group.bytes), "readers": list(group.readers)} for group in problem.loaded],
     }
 
 
@@ -154,6 +159,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         copy_fixed_seconds=fixed,
         computed_once=once,
         kept_bytes=tuple(tuple(row[d] for row in kept) for d in range(count)),
+        loaded=_loaded(top, n, count, where),
     )
 
 
@@ -179,6 +185,19 @@ def _computed_once(top: dict[str, Any], n: int, where: str) -> tuple[int, ...]:
     if len(set(once)) != len(once):
         raise ModelError(f"{where}: computed_once {list(once)} repeats an operator: list each once")
     return once
+
+
+def _loaded(top: dict[str, Any], n: int, count: int, where: str) -> tuple[Loaded, ...]:
+    """The optional "loaded" groups (none if absent): bytes per device and at least one reader each."""
+    groups = []
+    for g, value in enumerate(_list(top, "loaded", where) if "loaded" in top else []):
+        here = f"{where}: loaded[{g}]"
+        group = _object(value, here, _LOADED_KEYS)
+        readers = tuple(_index(r, n, f"{here}.readers[{k}]") for k, r in enumerate(_list(group, "readers", here)))
+        if not readers:
+            raise ModelError(f"{here}.readers is empty: list the operators reading the group")
+        groups.append(Loaded(_kept_row(group["bytes"], count, f"{here}.bytes"), readers))
+    return tuple(groups)
 
 
 def _list(top: dict[str, Any], key: str, where: str) -> list[Any]:

@@ -29,7 +29,7 @@ def build_report(
         budget_bytes=problem.budgets[0],
         keep_all_bytes=problem.keep_all_bytes(),
         minimum_budget_bytes=minimum_bytes,
-        resident_bytes=problem.resident_bytes[0],
+        resident_bytes=resident(problem, result.schedule, 0),
         predicted_peak_bytes=max(simulation.peak_bytes),
         predicted_seconds=simulation.total_cost + run_overhead,
         keep_all_seconds=keep_all_seconds,
@@ -100,6 +100,12 @@ def copies(problem: Problem, schedule: Schedule) -> tuple[CopyRecord, ...]:
     )
 
 
+def resident(problem: Problem, schedule: Schedule, device: int) -> int:
+    """What `device` holds for the whole run under `schedule`: its resident bytes and the loaded groups (parameters,
+    inputs) its computations read."""
+    return problem.resident_with(device, (c.op for c in schedule.computes if c.device == device))
+
+
 def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -> tuple[DeviceUsage, ...]:
     """Per device: budget, keep-all, predicted peak (from `schedule`'s simulation), compute time, time of copies into
     it, runs."""
@@ -121,7 +127,7 @@ def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -
             name=name,
             budget_bytes=problem.budgets[d],
             keep_all_bytes=problem.keep_all_bytes(d),
-            resident_bytes=problem.resident_bytes[d],
+            resident_bytes=resident(problem, schedule, d),
             peak_bytes=simulation.peak_bytes[d],
             compute_seconds=compute_seconds[d],
             copy_in_seconds=copy_seconds[d],

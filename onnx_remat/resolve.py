@@ -87,13 +87,14 @@ def resolve_budgets(minima: Minima, budgets: Sequence[Budget], find_minimum: boo
 
 
 def _refuse_below_resident(problem: Problem, requested: list[int]) -> None:
-    """Refuse budgets that cannot hold what stays on a device all run, when more than one device has one
-    (with one, its minimum budget is stated)."""
+    """Refuse budgets that cannot hold what stays on a device all run whatever runs there, when more than one device
+    has one (with one, its minimum budget is stated). With several devices parameters and inputs are not in it: a
+    device loads only those its operators read (`Problem.loaded`), so a budget below them still parks copies."""
     below = [d for d in range(problem.num_devices) if requested[d] < problem.resident_bytes[d]]
     if len(below) > 1:
         names = ", ".join(f"{problem.devices[d]} {format_bytes(requested[d])}" for d in below)
         raise InfeasibleBudgetError(
             f"budgets {names} are below the {format_bytes(problem.resident_bytes[below[0]])} "
-            f"({problem.resident_bytes[below[0]]} bytes) each device holds for the whole run (parameters, inputs): "
+            f"({problem.resident_bytes[below[0]]} bytes) each device holds for the whole run whatever runs there: "
             "raise them"
         )

@@ -2,13 +2,15 @@
 
 An operator is a group of nodes: one node in inference, a forward node or the nodes of its
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
-plumbing fed only by initializers) run once up front and their outputs count as resident. An operator with a
+plumbing fed only by initializers) run once up front (the prelude) and their outputs count as resident, like
+parameters and graph inputs: with one device in its resident bytes, with several in `Problem.loaded` groups (a
+device holds them once an operator reading them runs there, as `run` loads them). An operator with a
 node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
 from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
 device's runtime keeps per node writing into its input's buffer after its first run (`shared_kept`:
-passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's count as resident on the first device,
-where the rewrite puts it. What it keeps per session (`session_kept`) is resident on its device: one session per device
-here, where a rewrite's device runs one segment per stretch of the schedule on it (`run_devices` counts each).
+passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's load with operator 0, whose device
+the rewrite puts the prelude on. What it keeps per session (`session_kept`) is resident on its device: one session per
+device here, where a rewrite's device runs one segment per stretch of the schedule on it (`run_devices` counts each).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_remat.core.opmap import OpMap
-from onnx_remat.core.problem import Problem
+from onnx_remat.core.problem import Loaded, Problem
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
 from onnx_remat.passes.manager import named
@@ -89,20 +91,26 @@ def build_problem(
                  if value.name and (value.is_graph_output() or value in handed)] for group in ops]
     held = {*graph.initializers, *(named(value) for value in graph.inputs),
             *(value.name for name in prelude for value in nodes[name].outputs if value.name)}
-    resident = sum(infos[name].allocated_bytes for name in held if name in infos)
+    resident = {name: infos[name].allocated_bytes for name in held if name in infos}
     output_bytes = [_buffer_bytes(group, outs, infos, graph_outputs, held) for group, outs in zip(ops, exported,
                                                                                                    strict=True)]
     devices = tuple(device_costs)
     per_node = [(shared_kept or {}).get(device, 0) for device in devices]
     sharing = sharing_nodes(graph, graph_outputs)
-    prelude_kept = per_node[0] * sum(nodes[name] in sharing for name in prelude) if devices else 0
+    prelude_sharing = sum(nodes[name] in sharing for name in prelude)
+    loaded: tuple[Loaded, ...] = ()
+    if len(devices) == 1:
+        always = sum(resident.values()) + per_node[0] * prelude_sharing
+    else:
+        always = 0
+        loaded = _loaded_groups(ops, [nodes[name] for name in prelude], resident,
+                                tuple(each * prelude_sharing for each in per_node))
     problem = Problem(
         op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
-        resident_bytes=tuple(resident + prelude_kept * (d == 0) + (session_kept or {}).get(device, 0)
-                             for d, device in enumerate(devices)),
+        resident_bytes=tuple(always + (session_kept or {}).get(device, 0) for device in devices),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,
@@ -113,10 +121,37 @@ def build_problem(
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
         computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
         kept_bytes=tuple(tuple(each * sum(node in sharing for node in group) for group in ops) for each in per_node),
+        loaded=loaded,
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
+
+
+def _loaded_groups(ops: list[list[ir.Node]], prelude: list[ir.Node], resident: dict[str, int],
+                   prelude_kept: tuple[int, ...]) -> tuple[Loaded, ...]:
+    """The resident tensors (bytes by name) as `Loaded` groups, one per set of reading operators, as `run` loads them
+    on several devices: a device holds a parameter, graph input or prelude output once a segment of it reads it.
+    The prelude runs on the device of the schedule's first computation (operator 0's), so what it reads and writes,
+    and what its runtime keeps for its nodes (`prelude_kept` per device), load with operator 0. A tensor nobody reads
+    loads nowhere."""
+    readers: dict[str, set[int]] = {}
+    for g, group in enumerate(ops):
+        for value in (value for node in group for value in value_reads(node)):
+            if value.name in resident:
+                readers.setdefault(value.name, set()).add(g)
+    for value in (value for node in prelude for value in (*value_reads(node), *node.outputs)):
+        if value.name in resident and ops:
+            readers.setdefault(value.name, set()).add(0)
+    devices = len(prelude_kept)
+    grouped: dict[tuple[int, ...], list[int]] = {}
+    if ops and any(prelude_kept):
+        grouped[(0,)] = list(prelude_kept)
+    for name, ops_reading in readers.items():
+        totals = grouped.setdefault(tuple(sorted(ops_reading)), [0] * devices)
+        for d in range(devices):
+            totals[d] += resident[name]
+    return tuple(Loaded(tuple(totals), readers) for readers, totals in sorted(grouped.items()))
 
 
 def _edges(ops: list[list[ir.Node]], group_of: dict[ir.Node, int]) -> tuple[list[tuple[int, int]], set[ir.Value]]:

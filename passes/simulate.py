@@ -1,8 +1,9 @@
 """Replay a schedule event by event and measure its memory and cost, independently of any solver.
 
-Semantics: each device always holds its resident bytes, and what its runtime keeps for every computation the
-schedule runs on it (`Problem.kept_bytes`: kept from a computation's first run on, so held at every step of the runs
-after it). `Compute` needs every input on its device
+Semantics: each device always holds its resident bytes, the loaded groups (`Problem.loaded`: parameters, inputs)
+read by an operator the schedule computes on it (as `onnx-remat run` loads them before the run), and what its runtime
+keeps for every computation the schedule runs on it (`Problem.kept_bytes`: kept from a computation's first run on, so
+held at every step of the runs after it). `Compute` needs every input on its device
 and its own output absent there; while it runs the device holds its output plus its workspace, after
 it the workspace is released and the output stays. `Free` needs the output present. `Copy` needs it
 on the source and absent on the target, then holds it on both. At the end every graph output is held
@@ -44,8 +45,7 @@ class _Replay:
     def __init__(self, problem: Problem, events: Sequence[Event]):
         self.problem = problem
         self.held: list[set[int]] = [set() for _ in problem.devices]
-        self.memory = [resident + kept for resident, kept in zip(problem.resident_bytes, _kept(problem, events),
-                                                                 strict=True)]
+        self.memory = _held_throughout(problem, events)
         self.peak = list(self.memory)
         self.trace: list[list[int]] = [[] for _ in problem.devices]
         self.computed: set[int] = set()
@@ -135,15 +135,16 @@ class _Replay:
                 raise ScheduleError(f"graph output {self.name(op)} is not held on any device at the end")
 
 
-def _kept(problem: Problem, events: Sequence[Event]) -> list[int]:
-    """Per device, what its runtime keeps for the schedule's computations on it (events out of range count nothing:
-    the replay rejects them)."""
+def _held_throughout(problem: Problem, events: Sequence[Event]) -> list[int]:
+    """Per device, what it holds for the whole run: its resident bytes, the loaded groups its computations read and
+    what its runtime keeps for them (events out of range count nothing: the replay rejects them)."""
     ops, devices = range(problem.num_ops), range(problem.num_devices)
     computations: list[list[int]] = [[] for _ in devices]
     for event in events:
         if isinstance(event, Compute) and event.op in ops and event.device in devices:
             computations[event.device].append(event.op)
-    return [problem.kept_of(device, computed) for device, computed in enumerate(computations)]
+    return [problem.resident_with(device, computed) + problem.kept_of(device, computed)
+            for device, computed in enumerate(computations)]
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:

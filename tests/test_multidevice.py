@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnx_remat.core.errors import InfeasibleBudgetError, SolverError
-from onnx_remat.core.problem import Problem
+from onnx_remat.core.problem import Loaded, Problem
 from onnx_remat.core.schedule import Compute, Copy
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import SolveResult, solve
@@ -38,6 +39,11 @@ def problem(
         copy_seconds_per_byte=tuple(tuple(0.0 if d == e else copy for e in range(devices)) for d in range(devices)),
         copy_fixed_seconds=tuple(tuple(0.0 if d == e else fixed for e in range(devices)) for d in range(devices)),
     )
+
+
+def with_loaded(p: Problem, *groups: tuple[int, tuple[int, ...]]) -> Problem:
+    """`p` with loaded groups, each (bytes on every device, its readers)."""
+    return replace(p, loaded=tuple(Loaded((size,) * p.num_devices, readers) for size, readers in groups))
 
 
 def checked(p: Problem, result: SolveResult) -> SolveResult:
@@ -89,6 +95,52 @@ def test_offloading_a_skip_tensor_beats_recomputing_it():
     assert all(c.device == 0 for c in result.schedule.computes)
 
 
+def test_a_device_below_the_parameters_runs_the_operator_whose_weights_it_holds():
+    """op1 is ten times cheaper on device 1, whose 40 bytes cannot hold all 105 bytes of parameters but do hold op1's
+    5: op1 runs there (its input copied in, its output copied back). Counting every parameter on every device refused
+    the budget."""
+    p = with_loaded(problem([(0, 1), (1, 2)], [10, 10, 10], [[1, 10, 1], [1, 1, 1]], [1000, 40]), (100, (0, 2)),
+                    (5, (1,)))
+    result = checked(p, solve(p))
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(3 + 2 * 10 * 0.1)
+    assert devices_of(result) == {0: {0}, 1: {1}, 2: {0}}
+    assert simulate(p, result.schedule).peak_bytes == (100 + 10 + 10, 5 + 10 + 10)  # op1's weights on 1 only
+    with pytest.raises(InfeasibleBudgetError):  # every parameter counted on every device: device 1 is useless
+        solve(replace(p, loaded=(), resident_bytes=(105, 105)))
+
+
+def test_a_device_below_the_parameters_parks_a_skip_tensor():
+    """The skip tensor of `test_offloading_a_skip_tensor_beats_recomputing_it` beside 50 bytes of parameters on
+    device 0: device 1, with 20 bytes, holds no parameter (it computes nothing) and parks the skip tensor."""
+    costs = [[100, 1, 1, 1], [1000, 10, 10, 10]]
+    p = with_loaded(problem([(0, 1), (1, 2), (2, 3), (0, 3)], [10, 10, 10, 1], costs, [75, 20]), (50, (0, 1, 2, 3)))
+    result = checked(p, solve(p))
+    assert result.objective == pytest.approx(103 + 2 * 10 * 0.1)
+    assert [(c.op, c.source, c.target) for c in copies(result)] == [(0, 0, 1), (0, 1, 0)]
+    assert simulate(p, result.schedule).peak_bytes[1] == 10
+    assert offload(p, compute=0, store=1) is not None
+
+
+def test_minimum_budgets_count_only_the_parameters_a_device_loads():
+    """The device running everything holds the parameters; the one parking holds none, so its minimum is a copy."""
+    costs = [[100, 1, 1, 1], [1000, 10, 10, 10]]
+    p = with_loaded(problem([(0, 1), (1, 2), (2, 3), (0, 3)], [10, 10, 10, 1], costs, [75, 10**6]), (50, (0, 1, 2, 3)))
+    assert minimum_budget(p, 1) == MinBudget(0, 0)
+    p = replace(p, budgets=(10**6, 10**6))
+    assert minimum_budget(p, 0).feasible == 0
+    assert minimum_equal_budget(p).lower >= 50 + step_bytes(p, 3)
+
+
+def test_a_minimum_no_heuristic_reaches_within_the_other_budgets_is_refused():
+    """Device 1 holds 5 bytes whatever runs there, over its budget of 0: no budget of device 0 helps (the search
+    ended in a ValueError from min() of nothing: EfficientNet-B0 with ov-cpu below its parameters did, before a device
+    held only the parameters it reads)."""
+    p = problem([(0, 1)], [10, 1], [[1, 1], [1, 1]], [100, 0], resident=(0, 5))
+    with pytest.raises(InfeasibleBudgetError, match="other devices"):
+        minimum_budget(p, 0)
+
+
 def test_no_single_device_fits_but_a_mixed_schedule_does():
     """Graph outputs op0 and op2 (10 bytes each) cannot both stay on one 15-byte device."""
     p = problem([(0, 1), (1, 2)], [10, 1, 10], [[1, 1, 1], [1, 1, 1]], [15, 15], outputs=(0, 2))
@@ -138,7 +190,10 @@ def two_device_problems(draw) -> Problem:
     step = max(step_bytes(single, v) for v in range(n))
     budgets = [int(step + (keep - step) * draw(st.floats(0.0, 1.0))) for _ in range(2)]
     copy, fixed = draw(st.sampled_from([0.0, 0.05, 0.5])), draw(st.sampled_from([0.0, 0.0, 1.5]))
-    return problem(edges, sizes, costs, budgets, copy=copy, fixed=fixed)
+    readers = st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True).map(lambda ops: tuple(sorted(ops)))
+    groups = draw(st.lists(st.tuples(st.integers(1, 9), readers), max_size=2))
+    budgets = [budget + draw(st.sampled_from([0, sum(size for size, _ in groups)])) for budget in budgets]
+    return with_loaded(problem(edges, sizes, costs, budgets, copy=copy, fixed=fixed), *groups)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,6 +214,27 @@ def test_highs_and_cbc_agree_and_beat_every_single_device(p: Problem):
         except InfeasibleBudgetError:
             continue
         assert highs.model_objective <= single.model_objective + 1e-9
+
+
+def optimum(p: Problem) -> float:
+    """The proven optimum of `p` (checked by the simulator), or infinity where no schedule fits."""
+    try:
+        result = checked(p, solve(p))
+    except InfeasibleBudgetError:
+        return math.inf
+    assert result.status == "optimal"
+    return result.model_objective
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(two_device_problems())
+def test_loading_lies_between_no_parameters_and_every_parameter_on_every_device(p: Problem):
+    """Every schedule within the budgets when each device holds every loaded group also fits when it holds only those
+    its computations read, and that schedule fits when no device holds any: the optima are ordered."""
+    free = replace(p, loaded=())
+    everywhere = replace(p, loaded=(), resident_bytes=tuple(p.resident_with(d, range(p.num_ops)) for d in range(2)))
+    assert optimum(free) <= optimum(p) + 1e-9
+    assert optimum(p) <= optimum(everywhere) + 1e-9
 
 
 def test_every_compute_lands_on_a_valid_device():

@@ -110,14 +110,22 @@ def test_budget_errors_name_the_device(budget, message):
 
 def test_budget_below_a_devices_minimum_states_it():
     with pytest.raises(InfeasibleBudgetError) as info:
-        onnx_remat.remat(conv_chain(), "ort-cpu=1KiB,ov-cpu=100%", devices=TWO_ENGINES, cost_model="analytic")
+        onnx_remat.remat(conv_chain(), "ort-cpu=1KiB,ov-cpu=1KiB", devices=TWO_ENGINES, cost_model="analytic")
     minimum = info.value.minimum_bytes
     assert minimum is not None and f"{minimum} bytes" in str(info.value)
     assert "device ort-cpu" in str(info.value)
     result = onnx_remat.remat(
-        conv_chain(), {"ort-cpu": minimum, "ov-cpu": "100%"}, devices=TWO_ENGINES, cost_model="analytic"
+        conv_chain(), {"ort-cpu": minimum, "ov-cpu": "1KiB"}, devices=TWO_ENGINES, cost_model="analytic"
     )
     assert check_schedule(result.problem, result.schedule).peak_bytes[0] <= minimum
+
+
+def test_a_device_given_next_to_nothing_is_left_out():
+    """ort-cpu at 1 KiB, ov-cpu at its keep-all: everything runs on ov-cpu, and ort-cpu, which loads no parameter
+    then, holds nothing (counting every parameter on every device refused the budget)."""
+    result = onnx_remat.remat(conv_chain(), "ort-cpu=1KiB,ov-cpu=100%", devices=TWO_ENGINES, cost_model="analytic")
+    assert {c.device for c in result.schedule.computes} == {1}
+    assert check_schedule(result.problem, result.schedule).peak_bytes[0] == 0
 
 
 def test_min_budget_per_device():
@@ -175,7 +183,7 @@ def test_cli_devices_emit_mps_and_problem(tmp_path, capsys):
         (["--devices", TWO_ENGINES, "--budget", "tpu=1GiB"], 2, "names device 'tpu'"),
         (["--devices", "no-such-preset"], 2, "device file no-such-preset does not exist"),
         (
-            ["--devices", TWO_ENGINES, "--budget", "ort-cpu=1KiB,ov-cpu=100%", "--cost-model", "analytic"],
+            ["--devices", TWO_ENGINES, "--budget", "ort-cpu=1KiB,ov-cpu=1KiB", "--cost-model", "analytic"],
             4,
             "device ort-cpu: budget 1.0 KiB is below its minimum",
         ),

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnx_remat.core.errors import ModelError
-from onnx_remat.core.problem import Problem
+from onnx_remat.core.problem import Loaded, Problem
 from onnx_remat.problem_file import problem_to_json, read_problem, write_problem
 
 
@@ -34,6 +34,9 @@ def problems(draw) -> Problem:
                                     for _ in range(devices)),
         copy_fixed_seconds=tuple(tuple(draw(st.lists(seconds, min_size=devices, max_size=devices)))
                                  for _ in range(devices)),
+        loaded=tuple(Loaded(tuple(draw(st.lists(st.integers(0, 2**40), min_size=devices, max_size=devices))),
+                            tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n)))))
+                     for _ in range(draw(st.integers(0, 2 if n else 0)))),
     )  # fmt: skip
 
 
@@ -86,6 +89,9 @@ def broken(change) -> dict:
         (broken(lambda d: d.update(graph_outputs=[True])), "operator index"),
         (broken(lambda d: d.update(copy_seconds_per_byte=[[0.0]])), "2 x 2"),
         (broken(lambda d: d.pop("copy_fixed_seconds")), "lacks 'copy_fixed_seconds'"),
+        (broken(lambda d: d.update(loaded=5)), "'loaded' must be a JSON list"),
+        (broken(lambda d: d.update(loaded=[{"bytes": [1, 2], "readers": []}])), r"loaded\[0\].readers is empty"),
+        (broken(lambda d: d.update(loaded=[{"bytes": [1], "readers": [0]}])), r"loaded\[0\].bytes must be a list of 2"),
         ([1, 2], "must be a JSON object"),
     ],
 )

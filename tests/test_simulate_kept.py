@@ -9,7 +9,7 @@ import onnx_ir as ir
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, shape_inference
 from test_simulate import GOOD, chain3, run
 from test_solver import stage_peak, subsets, tiny_problems, with_budget
 
@@ -126,9 +126,10 @@ def test_solvers_are_optimal_within_the_budget_with_kept_bytes(solver: str, prob
         assert result.model_objective == pytest.approx(expected)
 
 
-def test_build_problem_counts_nodes_writing_into_their_input_buffer_and_the_prelude_on_the_first_device():
+def test_build_problem_counts_nodes_writing_into_their_input_buffer_and_the_prelude_with_the_first_operator():
     """A Relu in place over a Neg's output and an Identity keep 240 bytes each on the first device; the Identity of
-    a sum of initializers (read by two operators) runs up front, so it is resident there."""
+    a sum of initializers (read by two operators) runs up front, on the first operator's device, so it loads with
+    operator 0 (its output, read by operators 1 and 2, also with them)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     weights = [helper.make_tensor(name, TensorProto.FLOAT, [4], [1.0] * 4) for name in ("w", "v")]
@@ -139,10 +140,15 @@ def test_build_problem_counts_nodes_writing_into_their_input_buffer_and_the_prel
              helper.make_node("Add", ["r", "ci"], ["s"], name="add"),
              helper.make_node("Mul", ["s", "ci"], ["y"], name="mul")]
     proto = helper.make_model(helper.make_graph(nodes, "g", [x], [y], weights))
-    infos = tensor_infos(proto)
+    infos = tensor_infos(shape_inference.infer_shapes(proto))
     costs = {name: (lambda node, sizes: 1.0) for name in ("ort", "ov")}
     graph = build_problem(ir.from_proto(proto), infos, costs, lambda node, sizes: 0, shared_kept={"ort": 240, "ov": 0})
     plain = build_problem(ir.from_proto(proto), infos, costs, lambda node, sizes: 0).problem
     assert graph.opmap.node_names == (("neg", "relu"), ("add",), ("mul",))
     assert graph.problem.kept_bytes == ((240, 0, 0), (0, 0, 0))
-    assert graph.problem.resident_bytes == (plain.resident_bytes[0] + 240, plain.resident_bytes[1])
+    every = range(graph.problem.num_ops)
+    assert graph.problem.resident_bytes == (0, 0)
+    assert [group.readers for group in graph.problem.loaded] == [(0,), (0, 1, 2)]
+    assert graph.problem.resident_with(0, every) == plain.resident_with(0, every) + 240
+    assert graph.problem.resident_with(1, every) == plain.resident_with(1, every)
+    assert graph.problem.resident_with(1, [1]) == graph.problem.loaded[1].bytes[1]

@@ -4,8 +4,9 @@
 Rewrites a model (a zoo architecture exported by `real_model_zoo`, or an ONNX file) at a budget and, at the step
 where the report peaks and at the one where `run` peaks (a step: one computation of the schedule, the nodes of one
 operator in the rewritten graph), prints both figures, what each holds resident (the problem: parameters, inputs,
-the prelude's outputs; `run`: the parameters read and the inputs), and the tensors one holds there and the other
-does not, largest first (recomputations counted under their original's name).
+the prelude's outputs, on several devices those the device's computations read; `run`: the parameters read and the
+inputs), and the tensors one holds there and the other does not, largest first (recomputations counted under their
+original's name).
 
 With `--devices` naming several devices, it does so on each device: at the schedule's event where the report peaks
 there (a computation on it or a copy into it) and at the step of `run`'s plan where it peaks there (a segment, at
@@ -111,7 +112,8 @@ def run_steps(model: onnx.ModelProto) -> dict[int, Step]:
 
 def report_on_device(costed_problem: CostedProblem, result: RematResult, device: int, until: int) -> Step:
     """The problem's memory on `device` at event `until` of the schedule (a computation there: while it runs):
-    resident bytes, the exported tensors of every operator held there and the computation's workspace."""
+    resident bytes and the loaded groups its computations read, the exported tensors of every operator held there and
+    the computation's workspace."""
     problem, events = result.problem, result.schedule.events
     exports = exported_tensors(costed_problem)
     held: set[int] = set()
@@ -122,7 +124,7 @@ def report_on_device(costed_problem: CostedProblem, result: RematResult, device:
             held.discard(event.op)
     last = events[until]
     workspace = problem.workspace_bytes[last.op] if isinstance(last, Compute) and last.device == device else 0
-    resident = problem.resident_bytes[device]
+    resident = problem.resident_with(device, (c.op for c in result.schedule.computes if c.device == device))
     tensors = {name: size for op in held for name, size in exports[op].items()}
     return Step(resident + sum(problem.output_bytes[op] for op in held) + workspace, resident, tensors, workspace)
 

@@ -13,12 +13,25 @@ from functools import cached_property
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """Tensors a device holds for the whole run once an operator reading them runs there (parameters, graph inputs,
+    the prelude's outputs), as `onnx-remat run` loads them: `bytes[d]` on device d, `readers` the operators reading
+    them, ascending."""
+
+    bytes: tuple[int, ...]
+    readers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Problem:
     """Operators, edges, per-device costs and budgets.
 
     - `cost[d][i]`: seconds to run operator i on device d.
     - `workspace_bytes[i]`: transient memory while operator i runs (freed when it ends).
-    - `resident_bytes[d]`: memory held on device d for the whole run (parameters, graph inputs).
+    - `resident_bytes[d]`: memory held on device d for the whole run whatever runs there (with one device, the
+      parameters and graph inputs).
+    - `loaded`: memory held on a device for the whole run only if one of its readers is computed there
+      (`loaded_bytes`): with several devices, the parameters and graph inputs. Default none.
     - `budgets[d]`: bytes device d may hold at any moment, resident memory included.
     - `graph_outputs`: operators whose output must be held (on any device) at the end.
     - `copy_seconds_per_byte[d][e]`, `copy_fixed_seconds[d][e]`: moving an output of b bytes from device d to
@@ -46,6 +59,7 @@ class Problem:
     copy_fixed_seconds: tuple[tuple[float, ...], ...] = field(default=())
     computed_once: tuple[int, ...] = ()
     kept_bytes: tuple[tuple[int, ...], ...] = field(default=())
+    loaded: tuple[Loaded, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
@@ -72,6 +86,9 @@ class Problem:
         for u, v in self.edges:
             if not 0 <= u < v < n:
                 raise ValueError(f"edge ({u}, {v}) is not forward in the topological order")
+        for group in self.loaded:
+            if len(group.bytes) != d or not group.readers or any(not 0 <= op < n for op in group.readers):
+                raise ValueError(f"loaded group {group} needs bytes per device and readers in 0..{n - 1}")
         if any(not 0 <= op < n for op in self.computed_once) or len(set(self.computed_once)) != len(self.computed_once):
             raise ValueError(f"computed_once {self.computed_once} must list distinct operators in 0..{n - 1}")
 
@@ -109,9 +126,22 @@ class Problem:
         kept = self.kept_bytes[device]
         return sum(kept[op] for op in computations)
 
+    def loaded_bytes(self, device: int, computed: Iterable[int]) -> int:
+        """Bytes of the `loaded` groups `device` holds when these operators are computed on it."""
+        if not self.loaded:
+            return 0
+        ops = set(computed)
+        return sum(group.bytes[device] for group in self.loaded if not ops.isdisjoint(group.readers))
+
+    def resident_with(self, device: int, computed: Iterable[int]) -> int:
+        """What `device` holds for the whole run when these operators are computed on it: its resident bytes and the
+        loaded groups they read."""
+        return self.resident_bytes[device] + self.loaded_bytes(device, computed)
+
     def keep_all_bytes(self, device: int = 0) -> int:
         """The paper's 100%: resident memory plus every operator output held at once, plus the largest
         operator workspace, so that keeping everything always fits in 100%; and what the runtime keeps for every
-        operator computed once there."""
-        return (self.resident_bytes[device] + self.kept_of(device, range(self.num_ops)) + sum(self.output_bytes)
+        operator computed once there (every operator computed there, loading what they read)."""
+        every = range(self.num_ops)
+        return (self.resident_with(device, every) + self.kept_of(device, every) + sum(self.output_bytes)
                 + max(self.workspace_bytes, default=0))

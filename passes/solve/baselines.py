@@ -145,12 +145,14 @@ BASELINES: dict[str, Callable[[Problem], list[list[int]]]] = {
 
 
 def on_device(problem: Problem, device: int) -> Problem:
-    """`problem` restricted to one of its devices (the others unused)."""
+    """`problem` restricted to one of its devices (the others unused): every operator runs there, so it holds every
+    loaded group."""
     return replace(
         problem,
         devices=(problem.devices[device],),
         cost=(problem.cost[device],),
-        resident_bytes=(problem.resident_bytes[device],),
+        resident_bytes=(problem.resident_with(device, range(problem.num_ops)),),
+        loaded=(),
         budgets=(problem.budgets[device],),
         kept_bytes=(problem.kept_bytes[device],),
         copy_seconds_per_byte=((0.0,),),

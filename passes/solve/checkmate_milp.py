@@ -5,7 +5,9 @@ Variables per device d (stage t, operator i <= t): R[d,t,i] compute; S[d,t,i] he
 into t (i < t; S[d,T,i] for graph outputs: held after the last stage T-1); C[d,e,t,i] copy i from d to e
 in stage t; FREE[d,t,i,k] release i on d right after position k of stage t (k reads i, or k == i);
 U[d,t,k] the memory of d after position k, resident bytes included; KEPT[d] what d's runtime keeps for all the
-computations R puts on it (Problem.kept_bytes), which every U[d,t,0] holds (only where d keeps any). Stage t runs
+computations R puts on it (Problem.kept_bytes), which every U[d,t,0] holds (only where d keeps any); LOADED[d,g]
+whether d holds the loaded group g (Problem.loaded: parameters, inputs), >= every R[d,t,v] of a reader v, which every
+U[d,t,0] holds too (with one device there are no groups: all is resident). Stage t runs
 positions 0..t: at position k, operator k is computed where R says, then copied where C says, then outputs are freed.
 Stage t computes operator t for the first time on at least one device. An operator computed once
 (Problem.computed_once) is computed in its own stage only, on one device.
@@ -91,6 +93,7 @@ class CheckmateModel:
     frees: tuple[FreeVar, ...]
     free_cols: np.ndarray
     kept: np.ndarray
+    loaded: np.ndarray
     peak: PeakRange | None
     peak_col: int | None
     objective_unit: float
@@ -134,9 +137,13 @@ class CheckmateModel:
             kept = float(np.asarray(p.kept_bytes[d], dtype=float) @ m.computed[d].sum(axis=0))
             if self.kept[d] >= 0:
                 x[self.kept[d]] = kept / unit
+            computed = np.flatnonzero(m.computed[d].any(axis=0))
+            for g, group in enumerate(p.loaded):
+                x[self.loaded[d, g]] = float(not set(computed).isdisjoint(group.readers))
+            resident = p.resident_with(d, computed.tolist())
             need = 0.0
             for t in range(p.num_ops):
-                memory = (p.resident_bytes[d] + kept + sizes[:t] @ m.held[d, t, :t]) / unit
+                memory = (resident + kept + sizes[:t] @ m.held[d, t, :t]) / unit
                 for k in range(t + 1):
                     memory += arrived[d, t, k] * p.output_bytes[k] / unit - freed.get((d, t, k - 1), 0.0)
                     x[self.u[d, t, k]] = memory
@@ -246,17 +253,19 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     )
     free_cols = b.columns(len(frees), 0.0, 1.0, integer=False)
     kept = _kept_columns(problem, b, r, memory_unit)
+    loaded = _loaded_columns(problem, b, r)
     if peak is None:
         _objective(problem, b, r, c, cost_unit)
     _stage_rows(problem, b, r, s, c)
     _once_rows(problem, b, r)
     _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, (r, s, c), frees, free_cols)
-    _memory_rows(problem, b, (r, s, c, u, kept), frees, free_cols, memory_unit)
-    peak_col = _limit_rows(problem, b, (r, s, u, kept), memory_unit, peak)
+    _memory_rows(problem, b, (r, s, c, u, kept, loaded), frees, free_cols, memory_unit)
+    peak_col = _limit_rows(problem, b, (r, s, u, kept, loaded), memory_unit, peak)
     unit = memory_unit if peak else cost_unit
     milp = b.build(memory_unit)
-    return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, kept, peak, peak_col, unit, memory_unit)
+    return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, kept, loaded, peak, peak_col, unit,
+                          memory_unit)
 
 
 def _triangle(n: int, diagonal: int, b: MilpBuilder, integer: bool, upper: float = 1.0) -> np.ndarray:
@@ -388,6 +397,25 @@ def _kept_columns(problem: Problem, b: MilpBuilder, r: np.ndarray, memory_unit: 
     return kept
 
 
+def _loaded_columns(problem: Problem, b: MilpBuilder, r: np.ndarray) -> np.ndarray:
+    """LOADED[d,g] >= R[d,t,v] for every reader v of group g and stage t >= v: continuous, since the memory rows only
+    push it down to the largest of those 0/1 values."""
+    loaded = np.full((problem.num_devices, len(problem.loaded)), -1, dtype=np.int64)
+    for d in range(problem.num_devices):
+        for g, group in enumerate(problem.loaded):
+            loaded[d, g] = b.columns(1, 0.0, 1.0, integer=False)[0]
+            for v in group.readers:
+                for col in r[d, v:, v]:
+                    b.row([int(col), int(loaded[d, g])], [1.0, -1.0], -math.inf, 0.0)
+    return loaded
+
+
+def _loaded_terms(problem: Problem, loaded: np.ndarray, d: int, memory_unit: float) -> tuple[list[int], list[float]]:
+    """The LOADED columns of device d and their bytes in memory units."""
+    return ([int(col) for col in loaded[d]],
+            [group.bytes[d] / memory_unit for group in problem.loaded])
+
+
 def _memory_rows(
     problem: Problem,
     b: MilpBuilder,
@@ -396,11 +424,12 @@ def _memory_rows(
     free_cols: np.ndarray,
     memory_unit: float,
 ) -> None:
-    """U[d,t,0] = resident + KEPT + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals of k.
+    """U[d,t,0] = resident + KEPT + LOADED + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals
+    of k.
 
     An arrival of k on d is its computation there or a copy of it to d.
     """
-    r, s, c, u, kept = rscu
+    r, s, c, u, kept, loaded = rscu
     sizes = [size / memory_unit for size in problem.output_bytes]
     freed: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
     for f, col in zip(frees, free_cols, strict=True):
@@ -409,11 +438,13 @@ def _memory_rows(
         vals.append(sizes[f.i])
     for d in range(problem.num_devices):
         resident = problem.resident_bytes[d] / memory_unit
+        group_cols, group_vals = _loaded_terms(problem, loaded, d, memory_unit)
         for t in range(problem.num_ops):
             arrivals = _arrivals(r, c, d, t, 0)
             held = [int(kept[d])] if kept[d] >= 0 else []
-            cols = [int(u[d, t, 0]), *held, *(int(s[d, t, i]) for i in range(t)), *arrivals]
-            vals = [1.0, *[-1.0] * len(held), *(-sizes[i] for i in range(t)), *[-sizes[0]] * len(arrivals)]
+            cols = [int(u[d, t, 0]), *held, *group_cols, *(int(s[d, t, i]) for i in range(t)), *arrivals]
+            vals = [1.0, *[-1.0] * len(held), *(-v for v in group_vals), *(-sizes[i] for i in range(t)),
+                    *[-sizes[0]] * len(arrivals)]
             b.row(cols, vals, resident, resident)
             for k in range(1, t + 1):
                 fcols, fvals = freed.get((d, t, k - 1), ([], []))
@@ -440,7 +471,7 @@ def _limit_rows(
     The budget gets half a byte of slack: peaks are whole bytes, so this is exact and keeps solver
     tolerances from cutting off a schedule that fits to the byte.
     """
-    r, s, u, kept = rsuk
+    r, s, u, kept, loaded = rsuk
     peak_col = None
     if peak is not None:
         bounds = peak.lower / memory_unit, (peak.upper + 0.5) / memory_unit
@@ -455,7 +486,7 @@ def _limit_rows(
             for k in range(t + 1):
                 cols = [int(u[d, t, k]), int(r[d, t, k]), *limit.cols]
                 b.row(cols, [1.0, problem.workspace_bytes[k] / memory_unit, *limit.coefficients], -math.inf, limit.rhs)
-            _stage_knapsack_row(problem, b, (r, s, kept), (d, t), memory_unit, limit)
+            _stage_knapsack_row(problem, b, (r, s, kept, loaded), (d, t), memory_unit, limit)
     return peak_col
 
 
@@ -476,21 +507,23 @@ def _stage_knapsack_row(
     memory_unit: float,
     limit: Limit,
 ) -> None:
-    """Stage t on device d: resident + KEPT + the outputs held into stage t+1 (but t and its inputs) + (t's output,
-    inputs and workspace) R[d,t,t] within d's limit.
+    """Stage t on device d: resident + KEPT + LOADED + the outputs held into stage t+1 (but t and its inputs) + (t's
+    output, inputs and workspace) R[d,t,t] within d's limit.
 
     Every output held into stage t+1 is present at position t (an output kept past a stage is freed nowhere in it),
     and so are t's inputs when t runs there. The memory rows imply it, but only through t rows of continuous U and
     FREE; stated over the 0/1 S directly it is a knapsack HiGHS derives cover cuts from (the peers' unet4_p40: root
     bound after HiGHS's cuts 84.06 -> 84.83 ms, chain40_p40 345.33 -> 346.07 ms, above the memory-cut bound)."""
-    r, s, kept = rsk
+    r, s, kept, loaded = rsk
     d, t = where
     inputs = set(problem.predecessors[t])
     step = problem.output_bytes[t] + problem.workspace_bytes[t] + sum(problem.output_bytes[i] for i in inputs)
     held = [i for i in range(t) if i not in inputs and s[d, t + 1, i] >= 0 and problem.output_bytes[i]]
     keeps = [int(kept[d])] if kept[d] >= 0 else []
-    cols = [int(s[d, t + 1, i]) for i in held] + [int(r[d, t, t]), *keeps]
-    vals = [problem.output_bytes[i] / memory_unit for i in held] + [step / memory_unit] + [1.0] * len(keeps)
+    group_cols, group_vals = _loaded_terms(problem, loaded, d, memory_unit)
+    cols = [int(s[d, t + 1, i]) for i in held] + [int(r[d, t, t]), *keeps, *group_cols]
+    vals = [*(problem.output_bytes[i] / memory_unit for i in held), step / memory_unit, *[1.0] * len(keeps),
+            *group_vals]
     rhs = limit.rhs - problem.resident_bytes[d] / memory_unit
     b.row([*cols, *limit.cols], [*vals, *limit.coefficients], -math.inf, rhs)
 
@@ -513,7 +546,7 @@ def write_mps(problem: Problem, path: str | Path) -> None:
 
 
 def column_names(model: CheckmateModel) -> list[str]:
-    """R_d_t_i, S_d_t_i, C_d_e_t_i, U_d_t_k, FREE_d_t_i_k, KEPT_d and PEAK, by column."""
+    """R_d_t_i, S_d_t_i, C_d_e_t_i, U_d_t_k, FREE_d_t_i_k, KEPT_d, LOADED_d_g and PEAK, by column."""
     names = [""] * len(model.milp.cost)
     for prefix, index in (("R", model.r), ("S", model.s), ("C", model.c), ("U", model.u)):
         for position, col in np.ndenumerate(index):
@@ -524,6 +557,8 @@ def column_names(model: CheckmateModel) -> list[str]:
     for d, col in enumerate(model.kept):
         if col >= 0:
             names[col] = f"KEPT_{d}"
+    for (d, g), col in np.ndenumerate(model.loaded):
+        names[col] = f"LOADED_{d}_{g}"
     if model.peak_col is not None:
         names[model.peak_col] = "PEAK"
     return names

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import simulate
@@ -47,17 +48,18 @@ def quick_lower_bound(problem: Problem, device: int = 0) -> int:
     One device: the largest single step, its last input's production, or all outputs. When operator
     v runs, its inputs and output are held; earlier, when the last of its inputs p was computed, the
     other inputs of v, p's own inputs, p and p's workspace were all held at once. Several devices: the
-    largest step among the operators that fit on no other device within its budget.
+    largest step among the operators that fit on no other device within its budget (with the loaded groups they read
+    there), beside the loaded groups they all read.
     """
     resident = problem.resident_bytes[device]
     if problem.num_devices > 1:
         others = [d for d in range(problem.num_devices) if d != device]
-        forced = (
-            step_bytes(problem, v)
-            for v in range(problem.num_ops)
-            if all(problem.resident_bytes[d] + step_bytes(problem, v) > problem.budgets[d] for d in others)
-        )
-        return resident + max(forced, default=0)
+        forced = [
+            v for v in range(problem.num_ops)
+            if all(problem.resident_with(d, (v,)) + step_bytes(problem, v) > problem.budgets[d] for d in others)
+        ]
+        loaded = problem.loaded_bytes(device, forced)
+        return resident + loaded + max((step_bytes(problem, v) for v in forced), default=0)
     sizes, preds = problem.output_bytes, problem.predecessors
 
     def last_input(v: int) -> int:
@@ -82,7 +84,14 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0, 
         return MinBudget(problem.resident_bytes[device], problem.resident_bytes[device])
     lower = quick_lower_bound(problem, device)
     runs = search_runs(problem, time_limit, slowdown)
-    peak, schedule = min(_candidates(problem, device, deadline, runs), key=lambda pair: pair[0])
+    candidates = _candidates(problem, device, deadline, runs)
+    if not candidates:
+        others = ", ".join(f"{problem.devices[d]} {problem.budgets[d]} bytes" for d in range(problem.num_devices)
+                           if d != device)
+        raise InfeasibleBudgetError(
+            f"no schedule found fits the budgets of the other devices ({others}) whatever the budget of "
+            f"{problem.devices[device]}: raise them")
+    peak, schedule = min(candidates, key=lambda pair: pair[0])
     if peak == lower or time.perf_counter() >= deadline or too_large(problem):
         return MinBudget(lower, peak, schedule)
     model = build_model(problem, PeakRange(device, lower, peak))
@@ -202,14 +211,16 @@ def _peak(problem: Problem, schedule: Schedule, device: int) -> int:
 def equal_budget_lower_bound(problem: Problem) -> int:
     """A bound no schedule beats when every device gets the same budget.
 
-    Each operator runs on some device, holding that device's resident bytes and the operator's step; at the
-    end the graph outputs are held somewhere, so the devices' room beyond their resident bytes holds them all.
+    Each operator runs on some device, holding that device's resident bytes, the loaded groups it reads and the
+    operator's step; at the end the graph outputs are held somewhere, so the devices' room beyond their resident
+    bytes holds them all.
     With one device it is `quick_lower_bound`."""
     if problem.num_devices == 1:
         return quick_lower_bound(problem)
     residents = problem.resident_bytes
     steps = max(
-        (min(resident + step_bytes(problem, v) for resident in residents) for v in range(problem.num_ops)), default=0
+        (min(problem.resident_with(d, (v,)) + step_bytes(problem, v) for d in range(problem.num_devices))
+         for v in range(problem.num_ops)), default=0
     )
     outputs = sum(problem.output_bytes[op] for op in set(problem.graph_outputs))
     return max(steps, max(residents), math.ceil((sum(residents) + outputs) / problem.num_devices))

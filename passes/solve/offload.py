@@ -53,8 +53,9 @@ class _Evictor:
     ):
         self.problem, self.compute, self.store, self.max_runs, self.work = problem, compute, store, max_runs, work
         self.held: list[set[int]] = [set() for _ in problem.devices]
-        self.memory = list(problem.resident_bytes)
-        self.memory[compute] += problem.kept_of(compute, range(problem.num_ops))  # every operator runs once
+        self.memory = list(problem.resident_bytes)  # the store device only holds copies: it loads nothing
+        every = range(problem.num_ops)  # every operator runs once on the compute device, loading what it reads
+        self.memory[compute] = problem.resident_with(compute, every) + problem.kept_of(compute, every)
         self.budgets = list(problem.budgets)
         self.budgets[compute] -= reserve
         self.kept_again = 0

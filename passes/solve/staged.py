@@ -29,8 +29,8 @@ class StagedRun:
     freed_after: np.ndarray
 
     def peak_bytes(self, problem: Problem, device: int) -> int:
-        """The most `device` holds at once: resident bytes, what its runtime keeps for the computations, live outputs,
-        and the running operator's workspace."""
+        """The most `device` holds at once: resident bytes and the loaded groups its computations read, what its
+        runtime keeps for the computations, live outputs, and the running operator's workspace."""
         sizes = np.asarray(problem.output_bytes, dtype=np.int64)[self.ops]
         workspace = np.asarray(problem.workspace_bytes, dtype=np.int64)[self.ops]
         freed = np.zeros(len(self.ops) + 1, dtype=np.int64)
@@ -38,7 +38,7 @@ class StagedRun:
         held_before = np.cumsum(sizes) - sizes - (np.cumsum(freed[:-1]) - freed[:-1])
         running = held_before + sizes + workspace
         kept = int(np.asarray(problem.kept_bytes[device], dtype=np.int64)[self.ops].sum())
-        return problem.resident_bytes[device] + kept + max(0, int(running.max(initial=0)))
+        return problem.resident_with(device, self.ops.tolist()) + kept + max(0, int(running.max(initial=0)))
 
     def compute_cost(self, problem: Problem, device: int) -> float:
         """Seconds of every computation on `device`, summed in order (as the simulator sums them)."""

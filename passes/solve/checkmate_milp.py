@@ -54,7 +54,7 @@ def too_large(problem: Problem) -> bool:
 
 BUILD_SECONDS_PER_CELL = 4e-5
 """CPU seconds building the MILP takes per device x operator^2 on an idle core: DenseNet-121's inference (309
-operators) 3.7 s, 39 us a cell; the README's U-Net's training step (179) 0.76 s, 24 us (measured)."""
+operators) 3.7 s, 39 us a cell; the unet_small fixture's training step (179) 0.76 s, 24 us (measured)."""
 
 
 def build_seconds(problem: Problem, slowdown: float = 1.0) -> float:

@@ -392,7 +392,7 @@ def solve_at(
     try:
         result = solve(with_headroom(problem, options.headroom, minima), solver=options.solver,
                        time_limit=_solve_seconds(options.time_limit, started, finish), progress=options.progress,
-                       hints=resolved.reached)
+                       hints=resolved.reached, slowdown=costed.prepared.slowdown)
     except SolverError as exc:
         if problem.num_devices == 1:  # say what the budget is short of (searched now if it was not)
             raise _short_budget(costed.minima, problem, exc, proof_seconds) from None

@@ -2,10 +2,11 @@
 
 Runs the command (the arguments after `--`, given to the `onnx-remat` beside this python, with `--report` added) in
 rounds, each round once alone and once with `--hogs` busy-loop processes beside it, and prints a markdown table per
-run: the load average at its start, wall seconds, the solver's status and gap, the predicted time against keep-all,
-the budget and the minimum found; then the medians per load. The heuristics the solver starts from, and the minimum
-search's, are bounded by work, not by seconds; the command's time limit still holds under load, so where the load
-slows the stages it cannot shorten, the minimum search's work shrinks and costs may not be measured.
+run: the load average at its start, wall seconds, peak RSS (the largest of the process and its children), the
+solver's status and gap, the predicted time against keep-all, the budget and the minimum found; then the medians per
+load. The heuristics the solver starts from, and the minimum search's, are bounded by work, not by seconds; the
+command's time limit still holds under load, so where the load slows the stages it cannot shorten, the minimum
+search's work shrinks and costs may not be measured.
 
 With `--stages` each run is the command's work done stage by stage in a fresh process, as `onnx-remat` does it (the
 same parser, pipeline stages and output files), and a second table gives the wall seconds of each stage: the
@@ -53,6 +54,16 @@ def hogs(count: int) -> Iterator[None]:
             process.wait()
 
 
+def run_child(command: list[str], env: dict[str, str]) -> tuple[int, float, str, str]:
+    """Run `command` to its end: its exit code, peak RSS (GB), standard output and error."""
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        child = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        stdout.seek(0)
+        stderr.seek(0)
+        return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 2**20, stdout.read(), stderr.read()
+
+
 def run_once(arguments: list[str], folder: Path, staged: bool) -> dict:
     """Run onnx-remat once (`staged`: stage by stage, `stages_of`) with a report and an empty cost cache in `folder`;
     the report's figures, the wall time and any stage times (an error instead on failure)."""
@@ -64,18 +75,17 @@ def run_once(arguments: list[str], folder: Path, staged: bool) -> dict:
     with tempfile.TemporaryDirectory(dir=folder) as cache:
         load = os.getloadavg()[0]
         started, launched = time.perf_counter(), time.time()
-        done = subprocess.run([*program, *argv], capture_output=True, text=True,
-                              env={**os.environ, "XDG_CACHE_HOME": cache})
+        returncode, rss, stdout, stderr = run_child([*program, *argv], {**os.environ, "XDG_CACHE_HOME": cache})
         wall, ended = time.perf_counter() - started, time.time()
-    if done.returncode != 0:
-        return {"load": load, "wall": wall, "error": done.stderr.strip()[-200:]}
+    if returncode != 0:
+        return {"load": load, "wall": wall, "rss": rss, "error": stderr.strip()[-200:]}
     data = json.loads(report.read_text())
     minimum = data.get("minimum_budget_bytes")
-    stages = json.loads(done.stdout.strip().splitlines()[-1]) if staged else {}
+    stages = json.loads(stdout.strip().splitlines()[-1]) if staged else {}
     if stages:  # the interpreter's start before this script's first line, and its exit after the files are written
         stages["start-up"], stages["exit"] = stages.pop("started at") - launched, ended - stages.pop("ended at")
     return {
-        "load": load, "wall": wall, "status": data["solver"]["status"], "gap": data["solver"]["gap"],
+        "load": load, "wall": wall, "rss": rss, "status": data["solver"]["status"], "gap": data["solver"]["gap"],
         "increase": data["predicted_seconds"] / data["keep_all_seconds"] - 1,
         "budget": data["budget_bytes"] / MIB, "minimum": None if minimum is None else minimum / MIB, **stages,
     }
@@ -115,9 +125,10 @@ def stages_of(argv: list[str]) -> dict[str, float]:
 def row(label: str, result: dict) -> str:
     """One markdown table row of a run."""
     if "error" in result:
-        return f"| {label} | {result['load']:.1f} | {result['wall']:.1f} | error: {result['error']} | | | | |"
+        return (f"| {label} | {result['load']:.1f} | {result['wall']:.1f} | {result['rss']:.2f} | "
+                f"error: {result['error']} | | | | |")
     minimum = "" if result["minimum"] is None else f"{result['minimum']:.2f}"
-    return (f"| {label} | {result['load']:.1f} | {result['wall']:.1f} | {result['status']} "
+    return (f"| {label} | {result['load']:.1f} | {result['wall']:.1f} | {result['rss']:.2f} | {result['status']} "
             f"| {100 * result['gap']:.2f}% | {100 * result['increase']:+.1f}% | {result['budget']:.2f} | {minimum} |")
 
 
@@ -142,8 +153,9 @@ def medians(label: str, results: list[dict]) -> str:
     """The median row of the runs that succeeded."""
     done = [r for r in results if "error" not in r]
     if not done:
-        return f"| median {label} | | | no run succeeded | | | | |"
-    pick = {key: statistics.median(r[key] for r in done) for key in ("load", "wall", "gap", "increase", "budget")}
+        return f"| median {label} | | | | no run succeeded | | | | |"
+    keys = ("load", "wall", "rss", "gap", "increase", "budget")
+    pick = {key: statistics.median(r[key] for r in done) for key in keys}
     minima = [r["minimum"] for r in done if r["minimum"] is not None]
     pick["minimum"] = statistics.median(minima) if minima else None
     pick["status"] = f"{len(done)} of {len(results)} ran"
@@ -165,8 +177,8 @@ def main() -> None:
         parser.error("give the command's arguments after --")
     loads = {"quiet": 0, f"{args.hogs} hogs": args.hogs}
     results: dict[str, list[dict]] = {label: [] for label in loads}
-    print("| run | load avg | wall s | status | gap | time vs keep-all | budget MiB | minimum MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| run | load avg | wall s | peak RSS GB | status | gap | time vs keep-all | budget MiB | minimum MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as folder:
         for round_ in range(args.rounds):
             for label, count in loads.items():

@@ -183,7 +183,6 @@ def _model_files(args: argparse.Namespace, model: onnx.ModelProto, external: boo
 def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]:
     """Every file the main command writes, by path, rendered before any is written."""
     from onnx_remat.netron import attachment_bytes
-    from onnx_remat.plot import render_schedule
 
     outputs = _model_files(args, result.model, result.external_data)
     if args.report:
@@ -192,6 +191,8 @@ def _outputs(args: argparse.Namespace, result: RematResult) -> dict[Path, bytes]
         outputs[Path(args.netron_attachment)] = attachment_bytes(result.model, result.problem, result.schedule,
                                                                  result.report)
     if args.plot:
+        from onnx_remat.plot import render_schedule  # matplotlib's import takes 1 s on an idle core: only for a plot
+
         outputs[Path(args.plot)] = render_schedule(
             result.problem, result.schedule, Path(args.plot).suffix, forward_count=result.forward_count,
             title=f"{Path(args.input).name} at {format_bytes(result.report.budget_bytes)}")

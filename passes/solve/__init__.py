@@ -40,7 +40,13 @@ from onnx_remat.passes.solve.baselines import (
     prune_unread,
 )
 from onnx_remat.passes.solve.cbc import solve_cbc
-from onnx_remat.passes.solve.checkmate_milp import MAX_MILP_CELLS, CheckmateModel, build_model, too_large
+from onnx_remat.passes.solve.checkmate_milp import (
+    MAX_MILP_CELLS,
+    CheckmateModel,
+    build_model,
+    build_seconds,
+    too_large,
+)
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -92,6 +98,11 @@ def _reserve(time_limit: float) -> float:
     return max(DEADLINE_RESERVE, 0.05 * time_limit)
 
 
+def _left(time_limit: float, start: float) -> float:
+    """Seconds of `time_limit` (counted from `start`) left for the backend, its reserve kept."""
+    return time_limit - _reserve(time_limit) - (time.perf_counter() - start)
+
+
 def choose_backend(problem: Problem) -> str:
     """The backend "auto" runs: on one device the portfolio of HiGHS and CP-SAT on intervals (portfolio.py), on
     several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than CP-SAT on the MILP
@@ -128,8 +139,10 @@ def solve(
     time_limit: float | None = None,
     progress: SolveProgress | None = None,
     hints: Sequence[Schedule] = (),
+    slowdown: float = 1.0,
 ) -> SolveResult:
-    """The cheapest schedule within every device's budget that `solver` finds within `time_limit` seconds.
+    """The cheapest schedule within every device's budget that `solver` finds within `time_limit` seconds (on a
+    machine `slowdown` times slower than an idle one, which the MILP's build time is judged by).
 
     `hints` are schedules found before (the minimum-budget search's): those within the budgets join the baselines
     as starting points, so a budget set at a found minimum always has its schedule.
@@ -154,7 +167,7 @@ def solve(
             schedule, status, bound = incumbent, SolveStatus.OPTIMAL, cut_bound
         else:
             schedule, status, bound = _solve_frontier(
-                problem, backend, time_limit, progress, stop, incumbent, start, cut_bound
+                problem, backend, time_limit, progress, stop, incumbent, start, cut_bound, slowdown
             )
     if status == SolveStatus.INTERRUPTED and timed_out.is_set():
         status = SolveStatus.TIME_LIMIT if schedule is not incumbent else SolveStatus.HEURISTIC
@@ -251,20 +264,21 @@ def _solve_frontier(
     incumbent: Schedule | None,
     start: float,
     proven_bound: float | None = None,
+    slowdown: float = 1.0,
 ) -> tuple[Schedule | None, SolveStatus, float | None]:
     """The best schedule in the MILP's frontier-advancing form (or None), the status and a bound in seconds.
 
-    `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer.
+    `time_limit` counts from `start`; if `stop` is already set the MILP is not run and `incumbent` is the answer, nor
+    where the time left would not cover building it (on a machine `slowdown` times slower than an idle one).
     The backend stops once it finds a schedule that `proven_bound` (seconds) proves optimal: status "optimal".
     """
     if stop.is_set():
         return incumbent, SolveStatus.INTERRUPTED, None
-    if too_large(problem):
+    if too_large(problem) or (time_limit is not None and _left(time_limit, start) < build_seconds(problem, slowdown)):
         return incumbent, SolveStatus.HEURISTIC, None
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
-    remaining = None if time_limit is None else time_limit - _reserve(time_limit) - (time.perf_counter() - start)
-    remaining = None if remaining is None else max(0.01, remaining)
+    remaining = None if time_limit is None else max(0.01, _left(time_limit, start))
     report = _scaled(progress, model, start)
     if solver == PORTFOLIO:
         return _race(problem, model, remaining, (warm, incumbent), progress, stop, start, proven_bound)

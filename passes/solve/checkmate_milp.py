@@ -54,6 +54,17 @@ def too_large(problem: Problem) -> bool:
     return problem.num_devices * problem.num_ops**2 > MAX_MILP_CELLS
 
 
+BUILD_SECONDS_PER_CELL = 4e-5
+"""CPU seconds building the MILP takes per device x operator^2 on an idle core: DenseNet-121's inference (309
+operators) 3.7 s, 39 us a cell; the unet_small fixture's training step (179) 0.76 s, 24 us (measured)."""
+
+
+def build_seconds(problem: Problem, slowdown: float = 1.0) -> float:
+    """About how long building the problem's MILP takes on a machine `slowdown` times slower than an idle one: where
+    less time than that is left, building it would only overrun the time limit."""
+    return slowdown * BUILD_SECONDS_PER_CELL * problem.num_devices * problem.num_ops**2
+
+
 MEMORY_STEPS = 1e4
 """The memory unit is keep-all / MEMORY_STEPS bytes, so solver tolerances stay far below a byte."""
 

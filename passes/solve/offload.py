@@ -69,6 +69,7 @@ class _Evictor:
         self.computed: set[int] = set()
         self.parked: dict[int, int] = {}
         """The stage each output was last parked in (a copy must not be dropped in the stage it is made)."""
+        self.last_read_in = _last_readers(problem)
 
     def next_use(self, op: int, after: int) -> int:
         """The first reader of `op` after stage `after`; n for a graph output nobody reads later; -1: dead."""
@@ -201,14 +202,27 @@ class _Evictor:
         return True
 
     def step(self, v: int) -> bool:
-        """Run v with its inputs brought back, free what nobody reads any more; False if it cannot fit."""
+        """Run v with its inputs brought back, free what nobody reads any more; False if it cannot fit. What every
+        step before left held is read after it, so only the outputs placed now and those v reads last can be dead."""
+        start = len(self.events)
         if not self.run(v, v, set()):
             return False
+        placed = {event.op for event in self.events[start:]}
         devices = {self.compute} if self.store is None else {self.compute, self.store}
         for device in sorted(devices):
-            for op in sorted(op for op in self.held[device] if self.next_use(op, v) == -1):
+            candidates = (placed | self.last_read_in[v]) & self.held[device]
+            for op in sorted(op for op in candidates if self.next_use(op, v) == -1):
                 self.free(op, device, v)
         return True
+
+
+def _last_readers(problem: Problem) -> list[set[int]]:
+    """Per stage v, the operators whose last reader is v."""
+    found: list[set[int]] = [set() for _ in range(problem.num_ops)]
+    for op, readers in enumerate(problem.successors):
+        if readers:
+            found[readers[-1]].add(op)
+    return found
 
 
 def offload(

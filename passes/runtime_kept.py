@@ -28,13 +28,12 @@ and at most glibc's top pad (M_TOP_PAD, 128 KiB): when the run outgrows the heap
 request and the pad, and trims it back to the pad afterwards, the pad's pages touched. Measured with `mallinfo2` and
 the [heap] mapping of /proc/self/smaps around the learning run of `measure_devices` (1 thread, so no worker stack;
 5 fresh processes each, the real exports' minimum-budget inference rewrites): the legacy exports of llama, gpt_mha and
-bert (395, 302 and 318 small tensors, 149, 123 and 124 KiB with their objects) grew the heap's arena by 132 KiB and
-kept 104, 81 and 69 KiB beyond the shared-buffer term (medians; bert 9-97 over its processes: the heap grows or not);
-the dynamo exports (24-37 small tensors, 11-21 KiB) kept 0-16; gpt's legacy export (156 small tensors, 64 KiB) none;
-mobilenet_v3_small's (170 and 365 small tensors, 189 and 280 KiB) 137 and 63. It is a term per device, not per
-session: the sessions of a process share one heap. Not modelled: a training step's larger tensors served from a hole
-the compilation left in the heap, which the first run touches through (bert's dynamo training step: one hole of 1.2
-MiB after compiling, kept 1.0-1.1 MiB; its legacy one 0.3-0.4 MiB beyond the term).
+bert (388, 282 and 297 small node outputs, 145, 109 and 110 KiB with their objects) grew the heap's arena by 132 KiB
+and kept 104, 81 and 69 KiB beyond the shared-buffer term (medians; bert 9-97 over its processes: the heap grows or
+not); gpt's legacy export (136, 51 KiB) and the dynamo exports (0-4, 0-7 KiB) 0-20 KiB. It is a term per device, not
+per session: the sessions of a process share one heap. Not modelled: larger tensors served from a hole the
+compilation left in the heap, which the first run touches through: bert's dynamo training step (one 1.2 MiB hole after
+compiling, kept 1.0-1.1 MiB), mobilenet_v3_small's legacy inference (8 small tensors, kept 70-618 KiB).
 """
 
 from __future__ import annotations

@@ -98,9 +98,9 @@ def test_a_device_keeps_the_heap_its_small_tensors_took_up_to_glibcs_top_pad():
 @pytest.mark.slow
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
 def test_what_the_main_heap_keeps_is_measured_as_predicted(exporter, tmp_path):
-    """Llama's legacy export computes its shapes in the graph, 395 small tensors (149 KiB with their objects): its
+    """Llama's legacy export computes its shapes in the graph, 388 small tensors (145 KiB with their objects): its
     first run grows glibc's heap and leaves the top pad touched (124-148 KiB kept with one thread, 28 of them the
-    shared-buffer term). The dynamo export has 24 (11 KiB) and keeps 4-20 KiB."""
+    shared-buffer term, 156 predicted; 28 without the heap term). The dynamo export writes none and keeps 4-20 KiB."""
     device = cpu(1)
     model = onnx_remat.remat(export("llama", exporter, tmp_path / "llama.onnx", batch=256), "100%",
                              devices=(device,)).model

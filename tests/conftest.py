@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.core.budget import Budget
+from onnx_remat.core.devices import Device
 from onnx_remat.core.options import COST_MODEL_VARIABLE
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.autodiff import TrainingGraph, build_training_graph
@@ -25,6 +26,11 @@ from onnx_remat.resolve import Minima, resolve_budgets
 # Tests that do not ask for a cost model get the roofline (commands run in child processes too): fast, and the same
 # costs on every run, so schedules do not change with the machine's load. tests/test_default_costs.py unsets it.
 os.environ[COST_MODEL_VARIABLE] = "analytic"
+
+CPU_TWO_THREADS = (Device("cpu", "onnxruntime", "CPUExecutionProvider", threads=2),)
+"""The `cpu` preset with its intra-op threads pinned: what a session keeps (a worker thread's stack,
+passes/runtime_kept.py) depends on them, and unpinned they are the machine's physical cores, so a fixed budget of a
+tiny model would be feasible on one machine and not on another."""
 
 
 def conv_chain(depth: int = 6, channels: int = 8, size: int = 16, batch: int | str = 1) -> onnx.ModelProto:

@@ -326,7 +326,11 @@ def test_weights_kept_in_an_external_file_stay_external_in_the_output(capsys, tm
 
 def test_a_bad_cost_cache_entry_is_one_warning_line_and_the_run_succeeds(capsys, chain_path, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    args = [chain_path, tmp_path / "out.onnx", "--budget", "80%", "--cost-model", "profiled", "--force"]
+    devices = tmp_path / "cpu.toml"  # the cpu preset with its threads pinned, as conftest.CPU_TWO_THREADS
+    devices.write_text('[[device]]\nname = "cpu"\nruntime = "onnxruntime"\nprovider = "CPUExecutionProvider"\n'
+                       "threads = 2\n")
+    args = [chain_path, tmp_path / "out.onnx", "--budget", "80%", "--devices", devices, "--cost-model", "profiled",
+            "--force"]
     assert run_cli(capsys, *args)[0] == 0
     (entry,) = (tmp_path / "cache").rglob("costs-*.json")
     entry.write_text("{")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import conv_chain
+from conftest import CPU_TWO_THREADS, conv_chain
 
 import onnx_remat
 from onnx_remat.core.errors import UsageError
@@ -32,7 +32,7 @@ def measurements(monkeypatch) -> list[int]:
 
 
 def test_default_costs_are_measured_once_then_read_from_the_cache_and_retimed(measurements, tmp_path):
-    first = onnx_remat.remat(conv_chain(), "80%", cache_dir=tmp_path)
+    first = onnx_remat.remat(conv_chain(), "80%", devices=CPU_TWO_THREADS, cache_dir=tmp_path)
     report = first.report
     assert report.cost_model == "in-graph" and first.profiled is not None and not first.profiled.from_cache
     assert report.cost_source == "measured cpu on this machine" and len(measurements) == 1
@@ -48,7 +48,7 @@ def test_default_costs_are_measured_once_then_read_from_the_cache_and_retimed(me
     [entry] = tmp_path.glob("costs-*.json")
     written = entry.stat().st_mtime_ns
 
-    again = onnx_remat.remat(conv_chain(), "80%", cache_dir=tmp_path)
+    again = onnx_remat.remat(conv_chain(), "80%", devices=CPU_TWO_THREADS, cache_dir=tmp_path)
     assert len(measurements) == 1 and entry.stat().st_mtime_ns == written
     assert again.profiled is not None and again.profiled.from_cache and again.profiled.retimed is not None
     scale = again.profiled.retimed["cpu"]
@@ -64,15 +64,16 @@ def test_default_falls_back_to_the_roofline_when_measuring_fails(monkeypatch, tm
         raise RuntimeError("no runtime here")
 
     monkeypatch.setattr(cost_profiled, "_measure", fail)
-    result = onnx_remat.remat(conv_chain(), "80%", cache_dir=tmp_path)
+    result = onnx_remat.remat(conv_chain(), "80%", devices=CPU_TWO_THREADS, cache_dir=tmp_path)
     report = result.report
     assert result.profiled is None and report.cost_model == "analytic" and report.run_overhead_seconds == 0
     assert report.load_ratio == 1.0
     assert report.cost_source == "roofline estimates: measuring in-graph costs failed (no runtime here)"
-    assert result.problem.cost == onnx_remat.remat(conv_chain(), "80%", cost_model="analytic").problem.cost
+    analytic = onnx_remat.remat(conv_chain(), "80%", devices=CPU_TWO_THREADS, cost_model="analytic")
+    assert result.problem.cost == analytic.problem.cost
     assert "costs        analytic: roofline estimates: measuring in-graph costs failed" in report.summary()
     with pytest.raises(RuntimeError, match="no runtime here"):  # asked for by name: no fallback
-        onnx_remat.remat(conv_chain(), "80%", cost_model="in-graph", cache_dir=tmp_path)
+        onnx_remat.remat(conv_chain(), "80%", devices=CPU_TWO_THREADS, cost_model="in-graph", cache_dir=tmp_path)
 
 
 def test_default_cost_model_by_device_count_and_variable(monkeypatch):

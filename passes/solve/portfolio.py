@@ -1,11 +1,15 @@
-"""A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py), at once.
+"""A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py).
 
 On the peers benchmark's problems the two are strong at different things: CP-SAT on intervals finds the optimum of
 a 37-operator U-Net at half its keep-all memory in 9 s, where HiGHS takes 262 s to find and prove it; HiGHS proves
-what the memory-cut bound cannot. Each runs in its own process or thread, so together they use both cores. Both
-stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator as the
-MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound (proven.py,
-which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
+what the memory-cut bound cannot. CP-SAT searches first, on both cores (two workers), until its incumbent stalls
+(STALL); where HiGHS runs in this process (small models) it runs beside it, where it runs in a child (larger ones) it
+starts then, from the cheaper of the warm start and CP-SAT's schedule, and has the processor to itself. Beside
+CP-SAT at nice 19 (as before) HiGHS's child got 0.5 CPU s of chain40_p40's first 10 s and too little of the rest
+once other work loaded the machine: nice only goes up, so it could not be given the processor back.
+Both stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator
+as the MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound
+(proven.py, which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """CP-SAT on the same MILP: optima equal to the brute force and HiGHS on one and two devices, stopping, progress; CP-SAT
-on the interval model and the portfolio: optima equal to the brute force and HiGHS."""
+on the interval model and the portfolio: optima equal to the brute force and HiGHS; a stalled interval search hands
+back its schedule, which HiGHS's child starts from where the MILP admits it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from test_solver import between_minimum_and_keep_all, brute_force, tiny_problems
 from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
 from onnx_remat.passes.simulate import check_schedule, simulate
-from onnx_remat.passes.solve import child, solve
+from onnx_remat.passes.solve import child, highs, portfolio, solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
 from onnx_remat.passes.solve.checkmate_milp import PeakRange, build_model
 from onnx_remat.passes.solve.cpsat import WORKER, solve_cpsat
@@ -168,3 +169,45 @@ def test_worker_stopped_before_it_reports_is_killed_at_once(tmp_path):
     stop.set()
     answered = child.run_worker(WORKER, [str(given), str(answer)], answer, lines.append, stop, "CP-SAT", LONG)
     assert not answered and not lines and not answer.exists()
+
+
+def test_stalled_interval_search_returns_its_best_schedule():
+    """With no stall allowed, the full interval search of a 37-operator U-Net at half its memory (which it does not
+    prove within seconds) ends at once after its first solution, and hands back a schedule within the budget no
+    costlier than its hint: the portfolio's HiGHS then starts (LONG bounds the test if it did not end)."""
+    problem = half_budget(unet(12))
+    hint = best_baseline(problem)
+    outcome = solve_intervals(problem, COPIES, LONG, hint, stall=0.0)
+    assert outcome.status == "time_limit" and outcome.schedule is not None
+    assert check_schedule(problem, outcome.schedule).total_cost <= check_schedule(problem, hint).total_cost + 1e-12
+
+
+def test_highs_starts_from_the_cheaper_schedule_the_milp_admits():
+    """CP-SAT's schedule becomes HiGHS's start where it is cheaper and satisfies the MILP's rows; keep-all, cheaper
+    still but over the budget (the simulator says so), is refused."""
+    problem = half_budget(training_chain(8))
+    model = build_model(problem)
+    baseline = model.assignment(best_baseline(problem))
+    found = solve_intervals(problem, COPIES, LONG, best_baseline(problem)).schedule
+    assert found is not None
+    cheaper = model.assignment(found)
+    assert model.milp.cost @ cheaper < model.milp.cost @ baseline
+    assert portfolio._cheapest_start(model.milp, baseline, cheaper) is cheaper
+    assert portfolio._cheapest_start(model.milp, None, cheaper) is cheaper
+    over = model.assignment(keep_all(problem))
+    assert simulate(problem, keep_all(problem)).peak_bytes[0] > problem.budgets[0]
+    assert model.milp.cost @ over < model.milp.cost @ cheaper
+    assert portfolio._cheapest_start(model.milp, baseline, over) is baseline
+
+
+def test_portfolio_with_highs_in_its_child_proves_what_the_intervals_cannot(monkeypatch: pytest.MonkeyPatch):
+    """HiGHS in its child (the in-process limit lowered to force it) runs once CP-SAT's search has ended: a
+    16-operator U-Net at half its memory needs more computations of some operator than the interval model allows,
+    so HiGHS proves the optimum, the same as HiGHS alone."""
+    problem = half_budget(unet(5))
+    optimum = solve(problem, "highs", time_limit=LONG).model_objective
+    monkeypatch.setattr(portfolio, "IN_PROCESS_NONZEROS", 0)
+    monkeypatch.setattr(highs, "IN_PROCESS_NONZEROS", 0)
+    result = checked(problem, solve(problem, "auto", time_limit=LONG))
+    assert result.solver == "portfolio" and result.status == "optimal"
+    assert result.model_objective == pytest.approx(optimum)

@@ -310,7 +310,8 @@ def _race(
         watches = [StopAtBound(proven_bound, unit, OPTIMALITY_GAP, stop, r)
                    for unit, r in ((model.objective_unit, milp_report), (1.0, interval_report))]
         milp_report, interval_report = watches
-    found = race(problem, model.milp, remaining, warm, (milp_report, interval_report), (OPTIMALITY_GAP, 1e-6), stop)
+    found = race(problem, model.milp, remaining, warm, (milp_report, interval_report), (OPTIMALITY_GAP, 1e-6), stop,
+                 model.assignment)
     bound = None if found.milp.bound is None else found.milp.bound * model.objective_unit
     schedule, status = _pick(problem, model, found.milp, warm[1])
     other = found.intervals.schedule

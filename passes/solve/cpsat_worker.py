@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,16 +50,18 @@ SOLVED = (cmh.CpSolverStatus.OPTIMAL, cmh.CpSolverStatus.FEASIBLE)
 
 
 class Reporter(cmh.SolutionCallback):
-    """Prints the incumbent and the bound whenever either changes."""
+    """Prints the incumbent and the bound whenever either changes; `found_at`: when the incumbent was found, on
+    `clock`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.incumbent = math.nan
-        self.found_at = time.perf_counter()
+        self.clock: Callable[[], float] = time.perf_counter
+        self.found_at = self.clock()
 
     def OnSolutionCallback(self) -> None:  # noqa: N802  # the name CP-SAT calls
         self.incumbent = self.ObjectiveValue()
-        self.found_at = time.perf_counter()
+        self.found_at = self.clock()
         self.report(self.BestObjectiveBound())
 
     def report(self, bound: float) -> None:
@@ -371,20 +374,28 @@ def _run(
 
 
 def _run_until_stalled(
-    solver: Solver, model: Model, reporter: Reporter, stopped: threading.Event, deadline: float
+    solver: Solver,
+    model: Model,
+    reporter: Reporter,
+    stopped: threading.Event,
+    deadline: float,
+    least: float,
+    wait: float,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> cmh.CpSolverStatus:
     """Solve `model` until `deadline`, or until its incumbent has not improved for as long as finding it took, and
-    for FIRST_SECONDS at least (or FIRST_WAIT has passed without one): a search still improving goes on. On the
-    peers' chain40_p40 the smaller model found 346.441 in 15 s, the full one 346.651 in 58 s (CP-SAT alone, each
-    60 s, the machine loaded)."""
-    start, ended = time.perf_counter(), threading.Event()
+    for `least` seconds at least (or `wait` seconds have passed without one), all on `clock`: a search still
+    improving goes on. On the peers' chain40_p40 the smaller model found 346.441 in 15 s, the full one 346.651 in
+    58 s (CP-SAT alone, each 60 s, the machine loaded)."""
+    reporter.clock = clock
+    start, ended = clock(), threading.Event()
     reporter.found_at = start
 
     def watch() -> None:
         while not ended.wait(STOP_EVERY):
-            found, now = reporter.found_at, time.perf_counter()
-            stalled = found > start and now - found >= max(FIRST_SECONDS, found - start)
-            if stalled or (found == start and now - start >= FIRST_WAIT):
+            found, now = reporter.found_at, clock()
+            stalled = found > start and now - found >= max(least, found - start)
+            if stalled or (found == start and now - start >= wait):
                 solver.stop_search()
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -401,16 +412,22 @@ def solve_intervals(
 ) -> tuple[str, np.ndarray]:
     """The interval model's status and schedule (operators in execution order): first with at most FIRST_COPIES
     computations per operator until that search stalls, then with all of `data`'s copies, hinted with the first's
-    schedule; the first's schedule stands (as FEASIBLE) where the second finds nothing cheaper."""
+    schedule, until the limit or, where `data`'s stall_seconds is a number, until that search stalls too, counted in
+    this process's CPU seconds (a loaded machine slows the search, not the rule); the first's schedule stands (as
+    FEASIBLE) where the second finds nothing cheaper."""
     first: tuple[float, np.ndarray] | None = None
     fewer = {**data, "copies": np.minimum(data["copies"], FIRST_COPIES)}
     if (fewer["copies"] < data["copies"]).any():
         model, ops = build_intervals(fewer)
-        if _run_until_stalled(solver, model, reporter, stopped, deadline) in SOLVED:
+        if _run_until_stalled(solver, model, reporter, stopped, deadline, FIRST_SECONDS, FIRST_WAIT) in SOLVED:
             first = (solver.response.objective_value, steps_of(solver, ops))
             data = {**data, "hint": stages_of(first[1], len(ops))}
     model, ops = build_intervals(data)
-    status = _run(solver, model, reporter, stopped, deadline)
+    stall = float(data["stall_seconds"])
+    if math.isnan(stall):
+        status = _run(solver, model, reporter, stopped, deadline)
+    else:
+        status = _run_until_stalled(solver, model, reporter, stopped, deadline, stall, stall, time.process_time)
     if status in SOLVED and (first is None or solver.response.objective_value <= first[0]):
         return status.name, steps_of(solver, ops)
     if first is not None:

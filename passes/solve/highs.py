@@ -52,14 +52,12 @@ def solve_highs(
     stop: threading.Event | None = None,
     in_process: bool | None = None,
     grace: float = GRACE,
-    nice: int = 0,
 ) -> MilpOutcome:
     """Solve with HiGHS on 2 threads; `gaps` are the relative and absolute MIP gaps to stop at.
 
     Setting `stop` interrupts the solve (status "interrupted", with the best solution found so far), within
     about a second. `in_process` forces where HiGHS runs (default: by the model's size); `grace`: seconds its child
-    has to answer after a stop before it is killed (its best solution and last bound are kept either way); `nice`:
-    how much its child yields the processor to other processes (os.nice; in-process it cannot)."""
+    has to answer after a stop before it is killed (its best solution and last bound are kept either way)."""
     deadline = None if time_limit is None else time.time() + time_limit
     options = {"threads": 2, "random_seed": 0, "mip_rel_gap": gaps[0], "mip_abs_gap": gaps[1],
                "mip_feasibility_tolerance": INTEGRALITY_TOLERANCE}
@@ -70,7 +68,7 @@ def solve_highs(
         arrays = highs_worker.model_arrays(milp)
         status, x, bound = highs_worker.run(arrays, options, warm_start, stop, progress, None, deadline)
         return MilpOutcome(x, SolveStatus(status), bound)
-    return _in_child(milp, {**options, "nice": nice}, deadline, warm_start, progress, stop, grace)
+    return _in_child(milp, options, deadline, warm_start, progress, stop, grace)
 
 
 def _in_child(

@@ -181,7 +181,6 @@ def main(given: str, answer: str) -> None:
         arrays = {name: data[name] for name in data.files}
     options = dict(zip(arrays.pop("option_names").tolist(), arrays.pop("option_values").tolist(), strict=True))
     deadline = options.pop("deadline", math.nan)
-    os.nice(int(options.pop("nice", 0)))
     warm = arrays.pop("warm_start")
     best = Path(answer).with_name("best.npy")
 

@@ -49,9 +49,10 @@ class IntervalOutcome:
 
 
 def problem_arrays(
-    problem: Problem, copies: int, hint: Schedule | None, seconds: float | None
+    problem: Problem, copies: int, hint: Schedule | None, seconds: float | None, stall: float | None = None
 ) -> dict[str, np.ndarray]:
-    """The arrays the worker builds the interval model from, with CP-SAT's parameters."""
+    """The arrays the worker builds the interval model from, with CP-SAT's parameters and its search's stall rule
+    (`stall`: see solve_intervals)."""
     n, costs = problem.num_ops, np.array(problem.cost[0], dtype=float)
     scale = OBJECTIVE_STEPS / max(float(costs.max(initial=0.0)), 1e-300)
     parameters = {"num_workers": 2, "random_seed": 0, "max_time_in_seconds": 1e9 if seconds is None else seconds,
@@ -72,6 +73,7 @@ def problem_arrays(
         "parameter_names": np.array(list(parameters)),
         "parameter_values": np.array(list(parameters.values()), dtype=float),
         "wall_deadline": np.array(math.inf if seconds is None else time.time() + seconds),
+        "stall_seconds": np.array(math.nan if stall is None else stall),
     }
 
 
@@ -82,12 +84,15 @@ def solve_intervals(
     hint: Schedule | None = None,
     progress: MilpProgress | None = None,
     stop: threading.Event | None = None,
+    stall: float | None = None,
 ) -> IntervalOutcome:
     """The cheapest schedule of `problem` (one device) with at most `copies` computations per operator that CP-SAT
-    finds within `time_limit` seconds or until `stop`; `progress` gets incumbents in seconds (bounds: None)."""
+    finds within `time_limit` seconds or until `stop`; `progress` gets incumbents in seconds (bounds: None). With
+    `stall` the search also ends once its incumbent has not improved for as long as finding it took, and `stall`
+    seconds at least (cpsat_worker.solve_intervals)."""
     if problem.num_devices != 1:
         raise ValueError("the interval model is single-device: solve several devices with the MILP")
-    arrays = problem_arrays(problem, copies, hint, time_limit)
+    arrays = problem_arrays(problem, copies, hint, time_limit, stall)
     stop = stop or threading.Event()
     with tempfile.TemporaryDirectory() as directory:
         given, answer = Path(directory) / "problem.npz", Path(directory) / "answer.npz"

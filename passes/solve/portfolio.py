@@ -1,17 +1,22 @@
-"""A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py), at once.
+"""A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py).
 
 On the peers benchmark's problems the two are strong at different things: CP-SAT on intervals finds the optimum of
 a 37-operator U-Net at half its keep-all memory in 9 s, where HiGHS takes 262 s to find and prove it; HiGHS proves
-what the memory-cut bound cannot. Each runs in its own process or thread, so together they use both cores. Both
-stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator as the
-MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound (proven.py,
-which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
+what the memory-cut bound cannot. CP-SAT searches first, on both cores (two workers), until its incumbent stalls
+(STALL); where HiGHS runs in this process (small models) it runs beside it, where it runs in a child (larger ones) it
+starts then, from the cheaper of the warm start and CP-SAT's schedule, and has the processor to itself. Beside
+CP-SAT at nice 19 (as before) HiGHS's child got 0.5 CPU s of chain40_p40's first 10 s and too little of the rest
+once other work loaded the machine: nice only goes up, so it could not be given the processor back.
+Both stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator
+as the MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound
+(proven.py, which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +24,7 @@ import numpy as np
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
-from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
+from onnx_remat.passes.solve.highs import IN_PROCESS_NONZEROS, STREAMED_GRACE, solve_highs
 from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
 
 COPIES = 3
@@ -27,15 +32,15 @@ COPIES = 3
 U-Net's optimum in 9 s with 3, 15 s with 4; a 16-operator training chain's in 0.9 s with 3; a 16-operator U-Net needs
 more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add."""
 HEAD_START = 2.0
-"""Longest wait, in seconds, for the CP-SAT worker to report before HiGHS starts (_head_start). It reports at once
-after loading its model when hinted, 0.5-0.7 s after starting alone; beside HiGHS it took 2.6 s under load (chain20_p60,
-measured)."""
-
-HIGHS_NICE = 19
-"""How much HiGHS's child yields the processor to CP-SAT's workers (os.nice): on two cores the three searches share
-them, and CP-SAT finds the peers' schedules. chain40_p60's optimum in the portfolio 10.7-11.2 s with HiGHS at the
-same priority, 6.9-7.4 s at 19 (CP-SAT alone 2.3-4.0 s); unet4_p40's best (87.4) at 20.0 s against 13.4 s (measured
-interleaved, load 9-10). Where HiGHS runs in-process (models up to highs.IN_PROCESS_NONZEROS) it keeps its priority."""
+"""Longest wait, in seconds, for the CP-SAT worker to report before HiGHS starts in this process (_head_start). It
+reports at once after loading its model when hinted, 0.5-0.7 s after starting alone; beside HiGHS it took 2.6 s under
+load (chain20_p60, measured)."""
+STALL = 10.0
+"""Shortest stall, in CPU seconds of the CP-SAT worker (two threads), that ends its search on the interval model where
+it is not exact: it then proves nothing, and past its last improvement it holds the processor HiGHS needs for its
+proof. It ends once its incumbent has not improved for as long as finding it took, and STALL at least. chain40_p40
+at a 240 s limit under load 9-10: CP-SAT stalled after 18.8 CPU s (346.906), HiGHS from its schedule proved 346.441
+optimal at 165 s; beside CP-SAT at nice 19 HiGHS got 4.8 CPU s in 232 s and proved nothing (measured)."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,13 @@ def race(
     reports: tuple[MilpProgress | None, MilpProgress | None],
     gaps: tuple[float, float],
     stop: threading.Event,
+    assignment: Callable[[Schedule], np.ndarray],
 ) -> Race:
-    """Run HiGHS on `milp` (here) and CP-SAT on the interval model (in a thread) until both end; `stop` is set once
-    one proves optimality (or infeasibility), which ends the other. `warm` is the MILP's warm start and the same
-    schedule; `reports` the MILP's progress callback and the interval model's (in seconds)."""
+    """Run CP-SAT on the interval model (in a thread) and HiGHS on `milp` (here) until both end; `stop` is set once
+    one proves optimality (or infeasibility), which ends the other. HiGHS in this process runs beside CP-SAT; in its
+    child (a larger model) once CP-SAT's search has ended, from the cheaper of `warm` and CP-SAT's schedule. `warm`
+    is the MILP's warm start and the same schedule; `reports` the MILP's progress callback and the interval model's
+    (in seconds); `assignment` maps a schedule to the MILP's solution vector."""
     copies = min(COPIES, problem.num_ops)
     exact = copies >= problem.num_ops
     found: list[IntervalOutcome] = []
@@ -73,7 +81,7 @@ def race(
 
     def intervals() -> None:
         try:
-            outcome = solve_intervals(problem, copies, time_limit, warm[1], report, stop)
+            outcome = solve_intervals(problem, copies, time_limit, warm[1], report, stop, None if exact else STALL)
         except BaseException as error:  # raised again in the caller's thread
             failed.append(error)
             return
@@ -83,13 +91,10 @@ def race(
             stop.set()
         found.append(outcome)
 
-    start = time.perf_counter()
     thread = threading.Thread(target=intervals, daemon=True)
     thread.start()
     try:
-        _head_start(reporting, stop)
-        left = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
-        outcome = solve_highs(milp, left, warm[0], reports[0], gaps, stop, grace=STREAMED_GRACE, nice=HIGHS_NICE)
+        outcome = _highs(milp, time_limit, (warm[0], assignment), reports[0], gaps, stop, (thread, found, reporting))
     except BaseException:
         stop.set()
         thread.join()
@@ -100,6 +105,55 @@ def race(
     if failed:
         raise failed[0]
     return Race(outcome, found[0], exact)
+
+
+def _highs(
+    milp: SparseMilp,
+    time_limit: float | None,
+    warm: tuple[np.ndarray | None, Callable[[Schedule], np.ndarray]],
+    report: MilpProgress | None,
+    gaps: tuple[float, float],
+    stop: threading.Event,
+    cpsat: tuple[threading.Thread, list[IntervalOutcome], threading.Event],
+) -> MilpOutcome:
+    """HiGHS's side of the race: in this process as soon as CP-SAT has reported; in a child once CP-SAT's search
+    has ended (nothing if `stop` came first), from the cheaper of the warm start and CP-SAT's schedule."""
+    start = time.perf_counter()
+    thread, found, reporting = cpsat
+    if milp.matrix.nnz > IN_PROCESS_NONZEROS:
+        _until_ended(thread, stop)
+        if stop.is_set():
+            return MilpOutcome(None, SolveStatus.INTERRUPTED, None)
+        schedule = found[0].schedule if found else None
+        start_from = _cheapest_start(milp, warm[0], None if schedule is None else warm[1](schedule))
+    else:
+        _head_start(reporting, stop)
+        start_from = warm[0]
+    left = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
+    return solve_highs(milp, left, start_from, report, gaps, stop, grace=STREAMED_GRACE)
+
+
+def _until_ended(thread: threading.Thread, stop: threading.Event) -> None:
+    """Wait until the CP-SAT worker's thread ends (its search stalled, proved, or ran out of time) or `stop` is set."""
+    while thread.is_alive() and not stop.is_set():
+        thread.join(0.05)
+
+
+def _cheapest_start(milp: SparseMilp, warm: np.ndarray | None, found: np.ndarray | None) -> np.ndarray | None:
+    """The cheaper of the warm start and CP-SAT's schedule `found` as MILP solution vectors, the latter only where it
+    satisfies the MILP's rows: an interval schedule computes within a stage in any order, which the MILP may not."""
+    if found is None or not _satisfies(milp, found):
+        return warm
+    return found if warm is None or float(milp.cost @ found) < float(milp.cost @ warm) else warm
+
+
+def _satisfies(milp: SparseMilp, x: np.ndarray, tolerance: float = 1e-6) -> bool:
+    """Whether `x` is within the MILP's column and row bounds, to `tolerance` relative to each row's activity."""
+    rows = milp.matrix.dot(x)
+    slack = tolerance * (1.0 + np.abs(rows))
+    within_rows = np.all(rows >= milp.row_lower - slack) and np.all(rows <= milp.row_upper + slack)
+    within_columns = np.all(x >= milp.col_lower - tolerance) and np.all(x <= milp.col_upper + tolerance)
+    return bool(within_rows and within_columns)
 
 
 def _head_start(reporting: threading.Event, stop: threading.Event) -> None:

@@ -52,6 +52,11 @@ class Compressed:
         major = np.repeat(np.arange(len(self.indptr) - 1), np.diff(self.indptr))
         return (major, self.indices, self.data) if self.by_rows else (self.indices, major, self.data)
 
+    def dot(self, x: np.ndarray) -> np.ndarray:
+        """The product of the matrix with the vector `x`."""
+        rows, cols, values = self.entries()
+        return np.bincount(rows, weights=values * x[cols], minlength=self.shape[0])
+
     def tocsr(self) -> Compressed:
         return self if self.by_rows else Compressed.from_entries(*self.entries(), self.shape, by_rows=True)
 

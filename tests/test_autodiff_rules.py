@@ -383,6 +383,10 @@ SQUARE_WEIGHTS = [  # OpenVINO 2026.4 miscomputes a square weight shared by forw
     Case("Conv", [rand(2, 4, 5, 5), rand(4, 4, 3, 3, seed=1)], conv_torch(2, 1, [1] * 4, 1, 1), {"pads": [1] * 4}),
     Case("ConvTranspose", [rand(2, 4, 3, 3), rand(4, 4, 3, 3, seed=1)], conv_torch(2, 2, [0] * 4, 1, 1, True, 0),
          {"strides": [2, 2]}),
+    # grouped, square within each group (found by hypothesis: input gradients off by 72-130% in OpenVINO)
+    Case("Conv", [rand(2, 4, 5, 5), rand(4, 2, 3, 3, seed=1)], conv_torch(2, 1, [0] * 4, 1, 2), {"group": 2}),
+    Case("ConvTranspose", [rand(2, 4, 3, 4), rand(4, 2, 1, 1, seed=1)], conv_torch(2, 1, [0] * 4, 1, 2, True, 0),
+         {"group": 2}),
     Case("MatMul", [rand(2, 3, 4), rand(4, 4, seed=1)], torch.matmul),
     Case("Gemm", [rand(3, 4), rand(4, 4, seed=1)], gemm_torch(0.5, 1.0, 0, 1), {"alpha": 0.5, "transB": 1}),
 ]

@@ -120,7 +120,7 @@ def conv(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Va
                        strict=True)]
         attrs = {"strides": list(win.strides), "dilations": list(win.dilations), "pads": win.pads, "group": group,
                  "output_padding": out_pad}
-        grads[0] = _shared_weight_product(e, w_shape[0] == w_shape[1], dy, dy_shape, w, x_shape,
+        grads[0] = _shared_weight_product(e, _square_per_group(w_shape, group), dy, dy_shape, w, x_shape,
                                           lambda a, b: e.op("ConvTranspose", a, b, **attrs))
     if needs[1]:
         grads[1] = conv_weight_grad(e, x, x_shape, dy, dy_shape, w_shape, win, group)
@@ -141,7 +141,7 @@ def conv_transpose(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[
     grads = {}
     if needs[0]:
         attrs = {"strides": list(win.strides), "dilations": list(win.dilations), "pads": win.pads, "group": group}
-        dx = _shared_weight_product(e, w_shape[0] == w_shape[1], dy, dy_shape, w, x_shape,
+        dx = _shared_weight_product(e, _square_per_group(w_shape, group), dy, dy_shape, w, x_shape,
                                     lambda a, b: e.op("Conv", a, b, **attrs))
         full = [(o + b + f - (k - 1) * d - 1) // s + 1 for o, b, f, k, d, s in
                 zip(dy_shape[2:], win.begin, win.end, win.kernel, win.dilations, win.strides, strict=True)]
@@ -167,6 +167,13 @@ def _shared_weight_product(e: Emitter, square: bool, act: ir.Value, act_shape: S
     halve_act = math.prod(act_shape) <= math.prod(out_shape)
     out = product(e.scale(act, 0.5) if halve_act else act, e.scale(w, 2.0))
     return out if halve_act else e.scale(out, 0.5)
+
+
+def _square_per_group(w_shape: Sequence[int], group: int) -> bool:
+    """Whether a Conv or ConvTranspose weight has equal channel axes within each group, where OpenVINO 2026.4
+    miscomputes it shared by the forward and backward ops (_shared_weight_product): measured on grouped weights
+    [4, 2, k, k] with group 2 (input gradient off by 72-130%); depthwise weights ([C, 1, k, k], group C) are right."""
+    return w_shape[0] // group == w_shape[1] and (group == 1 or w_shape[1] > 1)
 
 
 def _crop(e: Emitter, x: ir.Value, shape: Sequence[int], full_spatial: Sequence[int]) -> ir.Value:

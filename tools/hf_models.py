@@ -17,6 +17,7 @@ exporter fails in PyTorch itself on the causal language models of transformers 5
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import subprocess
@@ -85,8 +86,10 @@ def export(name: str, exporter: str, path: Path) -> str:
     model.train()
     extra = {"external_data": False} if exporter == "dynamo" else {}
     try:
-        torch.onnx.export(FirstOutput(model), tuple(inputs.values()), str(path), dynamo=exporter == "dynamo",
-                          input_names=list(inputs), output_names=["output"], do_constant_folding=False, **extra)
+        with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines stay out of the table
+            torch.onnx.export(FirstOutput(model), tuple(inputs.values()), str(path), dynamo=exporter == "dynamo",
+                              input_names=list(inputs), output_names=["output"], do_constant_folding=False,
+                              **extra)
     except Exception as error:  # noqa: BLE001  # the exporter's own failure is a row of the table
         return f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
     return ""

@@ -110,7 +110,7 @@ def row(model: Path, mode: str, time_limit: float, folder: Path) -> list[str]:
                                str(time_limit), "--report", str(report), "--force", "-q")
     if code != 0:
         return [str(code), f"{seconds:.1f}", "-", "-", "-", said.strip().splitlines()[-1][:80], "-"]
-    recomputed = len(json.loads(report.read_text())["recomputed_nodes"])
+    recomputed = json.loads(report.read_text())["recomputed_nodes"]
     code, _, said = _cli("run", str(out), "--devices", "cpu", "--check", "--repeats", "3")
     peak = re.search(r"predicted peak ([\d.]+ \w+), measured peak ([\d.]+ \w+)(?: \(([^)]*)\))? \(budget ([\d.]+ \w+), "
                      r"([^)]*)\)", said)

@@ -67,8 +67,7 @@ def memory_traces(problem: Problem, schedule: Schedule) -> list[np.ndarray]:
     """Per device, MiB held before the first event (its resident bytes and the loaded groups its computations read)
     and after each event (from the simulator)."""
     traces = simulate(problem, schedule).memory_trace
-    residents = [problem.resident_with(d, (c.op for c in schedule.computes if c.device == d))
-                 for d in range(problem.num_devices)]
+    residents = [problem.resident_with(d, schedule.computed_on(d)) for d in range(problem.num_devices)]
     return [np.array((resident, *trace)) / _MIB for resident, trace in zip(residents, traces, strict=True)]
 
 

@@ -103,7 +103,7 @@ def copies(problem: Problem, schedule: Schedule) -> tuple[CopyRecord, ...]:
 def resident(problem: Problem, schedule: Schedule, device: int) -> int:
     """What `device` holds for the whole run under `schedule`: its resident bytes and the loaded groups (parameters,
     inputs) its computations read."""
-    return problem.resident_with(device, (c.op for c in schedule.computes if c.device == device))
+    return problem.resident_with(device, schedule.computed_on(device))
 
 
 def device_usage(problem: Problem, schedule: Schedule, simulation: Simulation) -> tuple[DeviceUsage, ...]:

@@ -354,7 +354,7 @@ def test_each_device_holds_the_parameters_its_operators_read_as_run_predicts(mod
     heap = [kept_heap(device, prepared.model.graph, tensor_infos(prepared.model)) for device in devices]
     for device in range(2):
         assert report[device] * 0.99 - heap[device] <= plan.peak_bytes[device] <= report[device] * 1.01
-        loaded = problem.loaded_bytes(device, (c.op for c in schedule.computes if c.device == device))
+        loaded = problem.loaded_bytes(device, schedule.computed_on(device))
         assert plan.parameter_bytes[device] <= loaded < problem.loaded_bytes(device, range(problem.num_ops))
 
 

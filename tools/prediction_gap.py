@@ -124,7 +124,7 @@ def report_on_device(costed_problem: CostedProblem, result: RematResult, device:
             held.discard(event.op)
     last = events[until]
     workspace = problem.workspace_bytes[last.op] if isinstance(last, Compute) and last.device == device else 0
-    resident = problem.resident_with(device, (c.op for c in result.schedule.computes if c.device == device))
+    resident = problem.resident_with(device, result.schedule.computed_on(device))
     tensors = {name: size for op in held for name, size in exports[op].items()}
     return Step(resident + sum(problem.output_bytes[op] for op in held) + workspace, resident, tensors, workspace)
 

@@ -53,6 +53,10 @@ class Schedule:
     def computes(self) -> tuple[Compute, ...]:
         return tuple(e for e in self.events if isinstance(e, Compute))
 
+    def computed_on(self, device: int) -> set[int]:
+        """The operators computed on `device` at least once."""
+        return {c.op for c in self.computes if c.device == device}
+
     def recompute_count(self) -> int:
         """How many computations beyond the first of each operator."""
         computes = self.computes

@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -75,6 +76,20 @@ class FirstOutput(torch.nn.Module):
         return self.model(*inputs, return_dict=False)[0]
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to 2 for a while: the legacy exporter prints its graph from C++ when it fails."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def export(name: str, exporter: str, path: Path) -> str:
     """Write `name` with `exporter` ("legacy" or "dynamo") to `path`; "" or the exporter's error in one line."""
     torch.manual_seed(0)
@@ -86,7 +101,7 @@ def export(name: str, exporter: str, path: Path) -> str:
     model.train()
     extra = {"external_data": False} if exporter == "dynamo" else {}
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines stay out of the table
+        with _stdout_to_stderr():  # the exporter's progress lines and graph dumps stay out of the table
             torch.onnx.export(FirstOutput(model), tuple(inputs.values()), str(path), dynamo=exporter == "dynamo",
                               input_names=list(inputs), output_names=["output"], do_constant_folding=False,
                               **extra)

@@ -96,13 +96,14 @@ def test_a_device_keeps_the_heap_its_small_tensors_took_up_to_glibcs_top_pad():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
-def test_what_the_main_heap_keeps_is_measured_as_predicted(exporter, tmp_path):
+def test_what_the_main_heap_keeps_is_measured_as_predicted(tmp_path):
     """Llama's legacy export computes its shapes in the graph, 388 small tensors (145 KiB with their objects): its
     first run grows glibc's heap and leaves the top pad touched (124-148 KiB kept with one thread, 28 of them the
-    shared-buffer term, 156 predicted; 28 without the heap term). The dynamo export writes none and keeps 4-20 KiB."""
+    shared-buffer term, 156 predicted; 28 without the heap term). The dynamo export writes none; whether its first
+    run grows the heap depends on the holes the process's history left (4-20 KiB kept in the project's venv, the
+    whole 128 KiB pad in a fresh one with newer packages), which the term does not model, so it is not asserted."""
     device = cpu(1)
-    model = onnx_remat.remat(export("llama", exporter, tmp_path / "llama.onnx", batch=256), "100%",
+    model = onnx_remat.remat(export("llama", "legacy", tmp_path / "llama.onnx", batch=256), "100%",
                              devices=(device,)).model
     plan = build_plan(model, (device,))
     feeds = input_values(model, None)

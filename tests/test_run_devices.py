@@ -403,3 +403,21 @@ def test_an_offloading_schedule_runs_at_the_peak_the_report_predicts_and_within_
     assert predicted["ov-cpu"] == pytest.approx(report[1], rel=0.02)
     assert measured is not None and measured["ort-cpu"] <= budgets["ort-cpu"], f"{measured} over {budgets}"
     assert result.within_budgets
+
+
+def test_check_says_when_the_model_draws_random_values(tmp_path, capsys):
+    """A training-mode Dropout draws a new mask every run: `--check` says its difference is not the rewrite's."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("Dropout", ["h", "ratio", "training"], ["y"], name="drop")]
+    graph = helper.make_graph(nodes, "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.5]),
+                               helper.make_tensor("training", TensorProto.BOOL, [], [True])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "in.onnx")
+    out = tmp_path / "out.onnx"
+    assert main([str(tmp_path / "in.onnx"), str(out), "--budget", "100%", "-q"]) == 0
+    code = main(["run", str(out), "--devices", "cpu", "--repeats", "1", "--check", "--no-measure-memory"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "draws random values in 1 node, the first 'drop' (Dropout)" in err

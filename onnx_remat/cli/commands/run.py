@@ -33,6 +33,8 @@ from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES, DEFAULT_REPEATS
 from onnx_remat.passes.verdict import NEAR_BYTES, NEAR_SHARE, Verdict
 
 if TYPE_CHECKING:
+    import onnx
+
     from onnx_remat.passes.run_devices import DeviceRun
 
 
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
         whole = run_whole(model, feeds)
         worst = max(float(np.max(np.abs(got - want), initial=0.0))
                     for got, want in zip(result.outputs.values(), whole, strict=True))
-        console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}", highlight=False)
+        console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}{_random_note(model)}",
+                      highlight=False, soft_wrap=True)
     if args.outputs:
         buffer = io.BytesIO()
         np.savez(buffer, **result.outputs)  # type: ignore[arg-type]  # numpy's stubs match **kwds to allow_pickle
@@ -98,6 +101,21 @@ def run(args: argparse.Namespace, console: Console) -> None:
         how = "predicted" if result.measured_peak_samples is None else "measured in every process"
         raise OverBudgetError(f"{', '.join(over)} went over budget ({how}): raise the budget, or rewrite with "
                               "--headroom for what the runtime allocates beyond the tensors")
+
+
+def _random_note(model: onnx.ModelProto) -> str:
+    """Why the outputs of a model that draws random values (Dropout in training mode) cannot match its whole run's."""
+    import onnx_ir as ir
+
+    from onnx_remat.passes.random_ops import draws_random
+
+    drawing = [node for node in ir.from_proto(model).graph if draws_random(node)]
+    if not drawing:
+        return ""
+    first = drawing[0]
+    count = f"{len(drawing)} nodes" if len(drawing) > 1 else "1 node"
+    return (f" (the model draws random values in {count}, the first {first.name!r} ({first.op_type}): "
+            "two runs differ whatever the rewrite, so this difference says nothing of it)")
 
 
 def _read_feeds(path: str) -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ from onnxscript.optimizer import fold_constants
 
 from onnx_remat.core.errors import ModelError, one_line
 from onnx_remat.passes.manager import named, run_passes, to_proto, without_weights
+from onnx_remat.passes.operator_groups import subgraphs
 from onnx_remat.passes.sizes import is_concrete_value
 
 DATA_DEPENDENT_OPS = frozenset({"NonZero", "Unique", "Compress", "Loop", "NonMaxSuppression", "StringSplit"})
@@ -177,10 +178,34 @@ def _refuse_data_dependent(unknown: list[ir.Value]) -> None:
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node.op_type in DATA_DEPENDENT_OPS:
+        if node.op_type in DATA_DEPENDENT_OPS and _reads_input_values(node):
             raise ModelError(f"the shape of {_name(node.outputs[0])!r} depends on the input values ({node.op_type} "
                              f"node {node.name!r}): onnx-remat needs every tensor's size known before running")
         stack.extend(node.inputs)
+
+
+def _reads_input_values(node: ir.Node) -> bool:
+    """Whether `node` reads a graph input's values, directly or through other nodes; a read of its shape alone does
+    not count (input shapes are fixed), and a node with subgraphs counts (they may read any outer value). A NonZero
+    of a constant (wav2vec 2.0's time mask, drawn at export) has one fixed shape, which running the model finds."""
+    seen: set[ir.Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if next(subgraphs(current), None) is not None:
+            return True
+        shape_only = VALUE_FREE_READS.get(current.op_type, ())
+        for index, value in enumerate(current.inputs):
+            if value is None or index in shape_only:
+                continue
+            if value.is_graph_input():
+                return True
+            if (producer := value.producer()) is not None:
+                stack.append(producer)
+    return False
 
 
 def _shapes_from_running(model: ir.Model, unknown: list[ir.Value]) -> dict[str, ir.Value]:

@@ -93,6 +93,23 @@ def test_a_value_dependent_shape_is_refused_naming_its_node() -> None:
         resolve_shapes(_model(nodes, []))
 
 
+def test_a_value_dependent_op_on_constants_has_its_shape_found() -> None:
+    """A NonZero of a constant mask (wav2vec 2.0's time mask, drawn at export: more elements than the folder takes)
+    has one fixed shape: running the model finds it."""
+    mask = np.zeros((2, 79, 64), bool)
+    mask[1, 3:8, 0] = True
+    nodes = [
+        helper.make_node("NonZero", ["mask"], ["nz"], name="masked"),
+        helper.make_node("Transpose", ["nz"], ["where"]),
+        helper.make_node("GatherND", ["x", "where"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 79, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(mask, "mask")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    assert _shape_of(resolve_shapes(model), "y") == [5]
+
+
 @pytest.mark.parametrize("op_type, weight_shape, group", [("Conv", [4, 2, 1], 1), ("Conv", [4, 1, 1], 2),
                                                           ("ConvTranspose", [2, 4, 1], 1)])
 def test_a_convolution_whose_input_channels_differ_from_its_weights_is_refused(op_type, weight_shape, group) -> None:

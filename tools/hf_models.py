@@ -1,8 +1,11 @@
 """Hugging Face transformers models, as a user has them, through the command line: export, rewrite, run.
 
-Builds tiny random-weight models from `transformers`' own classes (GPT-2, BERT with a padding mask, Llama and
-Mistral with grouped-query attention, ViT, the T5 encoder; 2 layers, width 64, batch 2, 16 tokens or 32x32 images),
-exports each with both PyTorch exporters (dropout off, so outputs compare), then per model and mode runs
+Builds tiny random-weight models from `transformers`' own classes: encoders (BERT, DistilBERT, RoBERTa, ALBERT,
+DeBERTa-v2, ELECTRA, with a padding mask; the T5 encoder), decoders (GPT-2, Llama and Mistral with grouped-query
+attention, GPT-NeoX, Phi, Qwen2, Gemma, OPT, BLOOM, Falcon), encoder-decoders (BART, Whisper), vision (ViT, CLIP's
+vision tower, DINOv2, ConvNeXt, Swin, SegFormer, MobileViT) and audio (wav2vec 2.0); 2 layers or stages, width 64 or
+less, batch 2, 16 tokens or 32x32 images. It exports each with both PyTorch exporters (every dropout probability
+zero, so outputs compare), then per model and mode runs
 `onnx-remat M.onnx OUT.onnx --mode MODE --budget min --time-limit T` and `onnx-remat run OUT.onnx --devices cpu
 --check --repeats 3`, and prints a markdown table: the rewrite's exit code and wall seconds, the nodes recomputed,
 run's predicted and measured peak against the budget, its verdict and the largest difference to the whole model.
@@ -10,7 +13,7 @@ run's predicted and measured peak against the budget, its verdict and the larges
 `transformers` is a benchmark-only dependency (`pip install transformers`), never one of the package. The legacy
 exporter fails in PyTorch itself on the causal language models of transformers 5 (`aten::diff`); the table says so.
 
-    python tools/hf_models.py [--models gpt2,bert,llama,mistral,vit,t5_encoder] [--modes infer,train]
+    python tools/hf_models.py [--models gpt2,bert,llama] [--modes infer,train]
         [--time-limit 30] [--out DIR]
 """
 
@@ -27,14 +30,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from real_model_zoo import import_torchvision
 
 BATCH, TOKENS, VOCAB = 2, 16, 500
+Built = tuple[torch.nn.Module, dict[str, torch.Tensor]]
 
 
-def _models() -> dict[str, Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]]]:
+def _models() -> dict[str, Callable[[], Built]]:
     """Name -> a builder of (model, named example inputs)."""
     import_torchvision()  # transformers imports torchvision, whose compiled ops need their schemas first
     import transformers as hf
@@ -47,33 +52,94 @@ def _models() -> dict[str, Callable[[], tuple[torch.nn.Module, dict[str, torch.T
         mask[1, TOKENS * 5 // 8:] = 0
         return {**tokens(), "attention_mask": mask}
 
-    decoder = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
-               "intermediate_size": 128, "vocab_size": VOCAB, "max_position_embeddings": 64}
+    def images() -> dict[str, torch.Tensor]:
+        return {"pixel_values": torch.randn(BATCH, 3, 32, 32)}
+
+    def seq2seq() -> dict[str, torch.Tensor]:
+        return {**tokens(), "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, TOKENS // 2))}
+
+    def build(model_class: type, config: Any, inputs: Callable[[], dict[str, torch.Tensor]]) -> Built:
+        return model_class(_without_dropout(config)), inputs()
+
     encoder = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 128}
+    text = {**encoder, "vocab_size": VOCAB, "max_position_embeddings": 64}
+    decoder = {**text, "num_key_value_heads": 2}
+    two_by_two = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                  "d_model": 64, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "vocab_size": VOCAB,
+                  "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
     return {
-        "gpt2": lambda: (hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB,
-                                                          n_positions=64)), tokens()),
-        "bert": lambda: (hf.BertForSequenceClassification(hf.BertConfig(**encoder, vocab_size=VOCAB,
-                                                                         max_position_embeddings=64)), padded()),
-        "llama": lambda: (hf.LlamaForCausalLM(hf.LlamaConfig(**decoder)), tokens()),
-        "mistral": lambda: (hf.MistralForCausalLM(hf.MistralConfig(**decoder, sliding_window=8)), tokens()),
-        "vit": lambda: (hf.ViTForImageClassification(hf.ViTConfig(**encoder, image_size=32, patch_size=8,
-                                                                   num_labels=10)),
-                        {"pixel_values": torch.randn(BATCH, 3, 32, 32)}),
-        "t5_encoder": lambda: (hf.T5EncoderModel(hf.T5Config(num_layers=2, num_heads=4, d_model=64, d_kv=16, d_ff=128,
-                                                             vocab_size=VOCAB)), tokens()),
+        "gpt2": lambda: build(hf.GPT2LMHeadModel, hf.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB,
+                                                                n_positions=64), tokens),
+        "bert": lambda: build(hf.BertForSequenceClassification, hf.BertConfig(**text), padded),
+        "llama": lambda: build(hf.LlamaForCausalLM, hf.LlamaConfig(**decoder), tokens),
+        "mistral": lambda: build(hf.MistralForCausalLM, hf.MistralConfig(**decoder, sliding_window=8), tokens),
+        "vit": lambda: build(hf.ViTForImageClassification,
+                             hf.ViTConfig(**encoder, image_size=32, patch_size=8, num_labels=10), images),
+        "t5_encoder": lambda: build(hf.T5EncoderModel, hf.T5Config(num_layers=2, num_heads=4, d_model=64, d_kv=16,
+                                                                   d_ff=128, vocab_size=VOCAB), tokens),
+        "distilbert": lambda: build(hf.DistilBertModel, hf.DistilBertConfig(
+            n_layers=2, n_heads=4, dim=64, hidden_dim=128, vocab_size=VOCAB, max_position_embeddings=64), padded),
+        "roberta": lambda: build(hf.RobertaModel, hf.RobertaConfig(**{**text, "max_position_embeddings": 66}), padded),
+        "albert": lambda: build(hf.AlbertModel, hf.AlbertConfig(**text, embedding_size=32), padded),
+        "deberta_v2": lambda: build(hf.DebertaV2Model, hf.DebertaV2Config(**text), padded),
+        "electra": lambda: build(hf.ElectraModel, hf.ElectraConfig(**text, embedding_size=32), padded),
+        "gpt_neox": lambda: build(hf.GPTNeoXForCausalLM, hf.GPTNeoXConfig(**text), tokens),
+        "phi": lambda: build(hf.PhiForCausalLM, hf.PhiConfig(**decoder), tokens),
+        "qwen2": lambda: build(hf.Qwen2ForCausalLM, hf.Qwen2Config(**decoder), tokens),
+        "gemma": lambda: build(hf.GemmaForCausalLM, hf.GemmaConfig(**decoder, head_dim=16), tokens),
+        "opt": lambda: build(hf.OPTForCausalLM, hf.OPTConfig(
+            num_hidden_layers=2, num_attention_heads=4, hidden_size=64, ffn_dim=128, word_embed_proj_dim=64,
+            vocab_size=VOCAB, max_position_embeddings=64), tokens),
+        "bloom": lambda: build(hf.BloomForCausalLM, hf.BloomConfig(n_layer=2, n_head=4, hidden_size=64,
+                                                                   vocab_size=VOCAB), tokens),
+        "falcon": lambda: build(hf.FalconForCausalLM, hf.FalconConfig(num_hidden_layers=2, num_attention_heads=4,
+                                                                      hidden_size=64, vocab_size=VOCAB), tokens),
+        "bart": lambda: build(hf.BartForConditionalGeneration, hf.BartConfig(**two_by_two, max_position_embeddings=64),
+                              seq2seq),
+        "whisper": lambda: build(hf.WhisperForConditionalGeneration, hf.WhisperConfig(
+            **two_by_two, num_mel_bins=16, max_source_positions=16, max_target_positions=16),
+            lambda: {"input_features": torch.randn(BATCH, 16, 32),
+                     "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, TOKENS // 2))}),
+        "clip_vision": lambda: build(hf.CLIPVisionModel, hf.CLIPVisionConfig(**encoder, image_size=32, patch_size=8),
+                                     images),
+        "wav2vec2": lambda: build(hf.Wav2Vec2Model, hf.Wav2Vec2Config(
+            **encoder, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4), lambda: {"input_values": torch.randn(BATCH, 800)}),
+        "convnext": lambda: build(hf.ConvNextForImageClassification, hf.ConvNextConfig(
+            hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, num_labels=10, image_size=32), images),
+        "swin": lambda: build(hf.SwinForImageClassification, hf.SwinConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
+            num_labels=10), images),
+        "segformer": lambda: build(hf.SegformerForSemanticSegmentation, hf.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3],
+            strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=5),
+            images),
+        "dinov2": lambda: build(hf.Dinov2Model, hf.Dinov2Config(**encoder, image_size=32, patch_size=8), images),
+        "mobilevit": lambda: build(hf.MobileViTForImageClassification, hf.MobileViTConfig(
+            image_size=32, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 160],
+            num_labels=10), images),
     }
 
 
-class FirstOutput(torch.nn.Module):
-    """The model's first output (logits, or the last hidden state) as a plain tensor."""
+def _without_dropout(config: Any) -> Any:
+    """`config` with every dropout probability zero: models that call functional dropout (OPT, BART) would otherwise
+    export training-mode Dropout nodes, whose masks differ from run to run, so no two runs could be compared."""
+    for key, value in config.to_dict().items():
+        if isinstance(value, float) and ("dropout" in key or "pdrop" in key or key == "layerdrop"):
+            setattr(config, key, 0.0)
+    return config
 
-    def __init__(self, model: torch.nn.Module):
+
+class FirstOutput(torch.nn.Module):
+    """The model's first output (logits, or the last hidden state) as a plain tensor, its inputs passed by name."""
+
+    def __init__(self, model: torch.nn.Module, names: list[str]):
         super().__init__()
         self.model = model
+        self.names = names
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(*inputs, return_dict=False)[0]
+        return self.model(**dict(zip(self.names, inputs, strict=True)), return_dict=False)[0]
 
 
 @contextlib.contextmanager
@@ -102,9 +168,9 @@ def export(name: str, exporter: str, path: Path) -> str:
     extra = {"external_data": False} if exporter == "dynamo" else {}
     try:
         with _stdout_to_stderr():  # the exporter's progress lines and graph dumps stay out of the table
-            torch.onnx.export(FirstOutput(model), tuple(inputs.values()), str(path), dynamo=exporter == "dynamo",
-                              input_names=list(inputs), output_names=["output"], do_constant_folding=False,
-                              **extra)
+            torch.onnx.export(FirstOutput(model, list(inputs)), tuple(inputs.values()), str(path),
+                              dynamo=exporter == "dynamo", input_names=list(inputs), output_names=["output"],
+                              do_constant_folding=False, **extra)
     except Exception as error:  # noqa: BLE001  # the exporter's own failure is a row of the table
         return f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
     return ""
@@ -139,7 +205,7 @@ def row(model: Path, mode: str, time_limit: float, folder: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="gpt2,bert,llama,mistral,vit,t5_encoder")
+    parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--time-limit", type=float, default=30)
     parser.add_argument("--out", type=Path, help="keep the exports and rewrites here (default: a temporary folder)")
@@ -150,7 +216,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         folder = args.out or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)
-        for name in args.models.split(","):
+        for name in args.models.split(",") if args.models else _models():
             for exporter in ("dynamo", "legacy"):
                 path = folder / f"{name}_{exporter}.onnx"
                 failed = export(name, exporter, path)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -58,7 +59,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.core.devices import Device
@@ -301,7 +301,7 @@ def cache_key(
     """A hash of what the measurements depend on: graph structure and shapes, groups, devices, runtimes."""
     payload = {
         "version": CACHE_VERSION,
-        "runtimes": [ort.__version__, ov.__version__, platform.machine(), os.cpu_count()],
+        "runtimes": [ort.__version__, _openvino_version(), platform.machine(), os.cpu_count()],
         "machine": [platform.node(), _processor()],
         "opsets": [[domain, version] for domain, version in model.opset_imports.items()],
         "nodes": [[named(n), n.domain, n.op_type, [name_of(v) for v in n.inputs], [name_of(v) for v in n.outputs],
@@ -313,6 +313,11 @@ def cache_key(
         "method": method,
     }
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:24]
+
+
+def _openvino_version() -> str:
+    """OpenVINO's version as its package states it, read without importing it (0.15-0.2 s a CPU-only run skips)."""
+    return importlib.metadata.version("openvino")
 
 
 def _processor() -> str:

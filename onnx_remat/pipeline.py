@@ -152,8 +152,9 @@ def prepare(
     original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
-        expanded = run_passes(original, [ExpandFunctions(), ResolveShapes()])
-        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data,
+        if ExpandFunctions()(original).modified:  # else every shape is resolved already
+            run_passes(original, [ResolveShapes()])
+        return PreparedModel(original, None, name=name, mode=mode, external_data=external_data,
                              slowdown=_slowdown(wall, cpu))
     options = training or TrainingOptions()
     build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)

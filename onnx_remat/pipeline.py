@@ -33,7 +33,14 @@ from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_load import load_ratio
-from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
+from onnx_remat.passes.cost_profiled import (
+    MeasureProgress,
+    OutOfTime,
+    ProfiledCosts,
+    members,
+    profile_costs,
+    refuse_unallocatable,
+)
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.expand_functions import ExpandFunctions
 from onnx_remat.passes.manager import run_passes, to_proto
@@ -315,6 +322,9 @@ def _costs(
     chosen = cost_model or default_cost_model(len(roofline.devices))
     if chosen == "analytic":
         return roofline
+    if cost_model is not None:  # sizes it cannot allocate refuse a model asked for, whatever the time left
+        model = roofline.prepared.model
+        refuse_unallocatable(members(model, roofline.opmap.node_names), tensor_infos(model))
     needs = _measure_seconds(roofline)
     if share is not None and needs > share:
         return replace(roofline, cost_source=(

@@ -182,8 +182,8 @@ def profile_costs(
     operators = [tuple(group) for group in groups]
     devices = tuple(devices)
     key = cache_key(model, infos, operators, devices, repeats, method)
-    members = _members(model, operators)
-    _refuse_unallocatable(members, infos)
+    operator_nodes = members(model, operators)
+    refuse_unallocatable(operator_nodes, infos)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(operators))
     if cached is not None and method == "in-graph":
@@ -191,18 +191,18 @@ def profile_costs(
             return retime(cached, model, devices, repeats, progress or _no_progress, deadline)
     if cached is not None:
         return cached
-    costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method, deadline)
+    costs = _measure(model, infos, operator_nodes, devices, repeats, progress or _no_progress, method, deadline)
     _write_cache(path, costs)
     return costs
 
 
-def _members(model: ir.Model, groups: list[tuple[str, ...]]) -> list[list[ir.Node]]:
+def members(model: ir.Model, groups: Sequence[Sequence[str]]) -> list[list[ir.Node]]:
     """The nodes of each group, named."""
     nodes = {named(node): node for node in model.graph}
     return [[nodes[name] for name in group] for group in groups]
 
 
-def _refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorInfo]) -> None:
+def refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorInfo]) -> None:
     """ModelError if an operator's tensors (its random inputs drawn in float64, its outputs) would not fit in the
     memory this machine has available: measuring it would fail mid-way."""
     needed, name = max(

@@ -33,7 +33,14 @@ from onnx_remat.passes.autodiff import BuildTrainingStep
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_load import load_ratio
-from onnx_remat.passes.cost_profiled import MeasureProgress, OutOfTime, ProfiledCosts, profile_costs
+from onnx_remat.passes.cost_profiled import (
+    MeasureProgress,
+    OutOfTime,
+    ProfiledCosts,
+    members,
+    profile_costs,
+    refuse_unallocatable,
+)
 from onnx_remat.passes.execute import random_feeds
 from onnx_remat.passes.expand_functions import ExpandFunctions
 from onnx_remat.passes.manager import run_passes, to_proto
@@ -44,7 +51,7 @@ from onnx_remat.passes.run_devices import build_plan, race
 from onnx_remat.passes.runtime_kept import kept_heap, kept_per_session, kept_per_shared_buffer
 from onnx_remat.passes.shapes import ResolveShapes
 from onnx_remat.passes.simulate import check_schedule
-from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import too_large, write_mps
@@ -80,6 +87,11 @@ MEASURE_SECONDS = 1.0
 MEASURE_SECONDS_PER_NODE = 5e-4
 """Measuring the costs, per node of the prepared model, on an idle core: the README's U-Net's training step (705
 nodes) 2.0-2.4 s in all, DenseNet-121's (5506) 3.7-4.7 s (measured at load 5 from other work)."""
+MEASURE_RUNS = 8.0
+"""Measuring the costs runs the whole model (a warm-up, three timed runs) before its first deadline check can stop it:
+as long as this many runs of the roofline's keep-all (a run takes 1.6-5 times the roofline's time in CPU seconds:
+ResNet-50's training step at batch 8, 224x224 11.2 s against 6.9 s, DenseNet-121's 0.57 against 0.14 s, measured).
+Left out, measuring that step took 45 CPU s past a 14 s share."""
 MIN_TIMED_SECONDS = 0.01
 """CPU seconds below which preparing is too short to tell the machine's load from (its slowdown is then 1)."""
 
@@ -147,8 +159,9 @@ def prepare(
     original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
-        expanded = run_passes(original, [ExpandFunctions(), ResolveShapes()])
-        return PreparedModel(expanded, None, name=name, mode=mode, external_data=external_data,
+        if ExpandFunctions()(original).modified:  # else every shape is resolved already
+            run_passes(original, [ResolveShapes()])
+        return PreparedModel(original, None, name=name, mode=mode, external_data=external_data,
                              slowdown=_slowdown(wall, cpu))
     options = training or TrainingOptions()
     build = BuildTrainingStep(options.loss, _matching(original, options.freeze), options.optimizer, options.lr)
@@ -276,9 +289,10 @@ def costed(
         model, options.mode, options.input_shapes, options.training)
     finish = finish_seconds(prepared, options.plot)
     _warn_if_late(options.time_limit, started, finish)
+    roofline = costed_problem(prepared, devices)
     left = _time_left(options.time_limit, started, finish)
-    share = None if left is None else _measure_share(left, _measure_seconds(prepared))
-    return _costs(prepared, devices, options.cost_model, options.cache_dir, options.profile_progress, share)
+    share = None if left is None else _measure_share(left, _measure_seconds(roofline))
+    return _costs(roofline, options.cost_model, options.cache_dir, options.profile_progress, share)
 
 
 def _measure_share(left: float, needs: float) -> float:
@@ -298,34 +312,36 @@ def default_cost_model(device_count: int) -> str:
 
 
 def _costs(
-    prepared: PreparedModel, devices: Sequence[Device], cost_model: str | None, cache_dir: str | Path | None,
-    progress: MeasureProgress | None, share: float | None,
+    roofline: CostedProblem, cost_model: str | None, cache_dir: str | Path | None, progress: MeasureProgress | None,
+    share: float | None,
 ) -> CostedProblem:
-    """The costed problem with `cost_model` as asked, or by default measured, falling back to the roofline (saying
+    """The `roofline` problem with `cost_model`'s costs as asked, or by default measured, the roofline's kept (saying
     why) when measuring is impossible here, or when it would not finish in its `share` of seconds (None: no limit).
     The share is judged against what measuring needs before its deadline is set: set first, the moments between made
     a share of exactly what it needs (`_measure_share`) always too short."""
-    chosen = cost_model or default_cost_model(len(devices))
-    needs = _measure_seconds(prepared)
-    if chosen != "analytic" and share is not None and needs > share:
-        source = (f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
-                  f"(about {needs:.1f} s here); a longer time limit measures them once, for the cache")
-        return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
+    chosen = cost_model or default_cost_model(len(roofline.devices))
+    if chosen == "analytic":
+        return roofline
+    if cost_model is not None:  # sizes it cannot allocate refuse a model asked for, whatever the time left
+        model = roofline.prepared.model
+        refuse_unallocatable(members(model, roofline.opmap.node_names), tensor_infos(model))
+    needs = _measure_seconds(roofline)
+    if share is not None and needs > share:
+        return replace(roofline, cost_source=(
+            f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
+            f"(about {needs:.1f} s here); a longer time limit measures them once, for the cache"))
     deadline = None if share is None else time.perf_counter() + share
     try:
-        costed = costed_problem(prepared, devices, chosen, cache_dir, progress, deadline)
+        costed = with_measured_costs(roofline, chosen, cache_dir, progress, deadline)
     except OutOfTime as exc:
-        source = (f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
-                  f"({exc}); a longer time limit measures them once, for the cache")
-        return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
+        return replace(roofline, cost_source=(
+            f"roofline estimates: measuring {chosen} costs would take longer than its share of the time limit "
+            f"({exc}); a longer time limit measures them once, for the cache"))
     except Exception as exc:  # any runtime's failure to run the model: the roofline needs no runtime
         if cost_model is not None:
             raise
-        source = f"roofline estimates: measuring {chosen} costs failed ({one_line(exc)})"
-        return replace(costed_problem(prepared, devices, "analytic"), cost_source=source)
-    if costed.profiled is None:
-        return costed
-    return replace(costed, cost_source=_measured_source(costed.profiled, chosen))
+        return replace(roofline, cost_source=f"roofline estimates: measuring {chosen} costs failed ({one_line(exc)})")
+    return costed
 
 
 def _measured_source(profiled: ProfiledCosts, method: str) -> str:
@@ -362,13 +378,28 @@ def costed_problem(
                 + kept_heap(device, prepared.model.graph, infos) for device in devices}
     graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles, kept,
                           sessions)
-    profiled = None
-    if cost_model != "analytic":
-        profiled = profile_costs(prepared.model, infos, graph.opmap.node_names, devices, cache_dir=cache_dir,
-                                 progress=progress, method=cost_model, deadline=deadline)
-        graph = replace(graph, problem=profiled.apply(graph.problem))
-    return CostedProblem(prepared, tuple(devices), graph, profiled, Minima(graph.problem, prepared.slowdown),
-                         cost_model)
+    analytic = CostedProblem(prepared, tuple(devices), graph, None, Minima(graph.problem, prepared.slowdown))
+    if cost_model == "analytic":
+        return analytic
+    return with_measured_costs(analytic, cost_model, cache_dir, progress, deadline, infos)
+
+
+def with_measured_costs(
+    roofline: CostedProblem, cost_model: str, cache_dir: str | Path | None = None,
+    progress: MeasureProgress | None = None, deadline: float | None = None,
+    infos: dict[str, TensorInfo] | None = None,
+) -> CostedProblem:
+    """`roofline`'s problem (built once, whether its costs are measured or not) with costs measured on every device
+    ("profiled" or "in-graph", cached in `cache_dir`; OutOfTime past `deadline`) and where they come from; `infos`:
+    its model's tensor infos, if at hand."""
+    prepared = roofline.prepared
+    infos = tensor_infos(prepared.model) if infos is None else infos
+    profiled = profile_costs(prepared.model, infos, roofline.opmap.node_names, roofline.devices, cache_dir=cache_dir,
+                             progress=progress, method=cost_model, deadline=deadline)
+    problem = profiled.apply(roofline.problem)
+    return replace(roofline, graph=replace(roofline.graph, problem=problem), profiled=profiled,
+                   minima=Minima(problem, prepared.slowdown), cost_model=cost_model,
+                   cost_source=_measured_source(profiled, cost_model))
 
 
 def solve_at(
@@ -420,10 +451,13 @@ def rewritten(solved: SolvedProblem) -> RematResult:
                        costed.prepared.external_data)
 
 
-def _measure_seconds(prepared: PreparedModel) -> float:
-    """Seconds measuring the costs of `prepared` takes at least here: what it does before it can stop at its deadline
-    (sessions, call overheads, a whole run), slowed down as preparing it was."""
-    return prepared.slowdown * (MEASURE_SECONDS + MEASURE_SECONDS_PER_NODE * _node_count(prepared))
+def _measure_seconds(roofline: CostedProblem) -> float:
+    """Seconds measuring the costs of `roofline`'s model takes at least here: what it does before it can stop at its
+    deadline (sessions, call overheads, whole runs, as long as MEASURE_RUNS of the roofline's keep-all run on each
+    device), slowed down as preparing it was."""
+    prepared = roofline.prepared
+    runs = MEASURE_RUNS * sum(sum(device) for device in roofline.problem.cost)
+    return prepared.slowdown * (MEASURE_SECONDS + MEASURE_SECONDS_PER_NODE * _node_count(prepared) + runs)
 
 
 def _node_count(prepared: PreparedModel) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -58,7 +59,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-import openvino as ov
 from onnx import helper, numpy_helper
 
 from onnx_remat.core.devices import Device
@@ -182,8 +182,8 @@ def profile_costs(
     operators = [tuple(group) for group in groups]
     devices = tuple(devices)
     key = cache_key(model, infos, operators, devices, repeats, method)
-    members = _members(model, operators)
-    _refuse_unallocatable(members, infos)
+    operator_nodes = members(model, operators)
+    refuse_unallocatable(operator_nodes, infos)
     path = Path(cache_dir or default_cache_dir()) / f"costs-{key}.json"
     cached = _read_cache(path, devices, len(operators))
     if cached is not None and method == "in-graph":
@@ -191,18 +191,18 @@ def profile_costs(
             return retime(cached, model, devices, repeats, progress or _no_progress, deadline)
     if cached is not None:
         return cached
-    costs = _measure(model, infos, members, devices, repeats, progress or _no_progress, method, deadline)
+    costs = _measure(model, infos, operator_nodes, devices, repeats, progress or _no_progress, method, deadline)
     _write_cache(path, costs)
     return costs
 
 
-def _members(model: ir.Model, groups: list[tuple[str, ...]]) -> list[list[ir.Node]]:
+def members(model: ir.Model, groups: Sequence[Sequence[str]]) -> list[list[ir.Node]]:
     """The nodes of each group, named."""
     nodes = {named(node): node for node in model.graph}
     return [[nodes[name] for name in group] for group in groups]
 
 
-def _refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorInfo]) -> None:
+def refuse_unallocatable(groups: list[list[ir.Node]], infos: dict[str, TensorInfo]) -> None:
     """ModelError if an operator's tensors (its random inputs drawn in float64, its outputs) would not fit in the
     memory this machine has available: measuring it would fail mid-way."""
     needed, name = max(
@@ -301,7 +301,7 @@ def cache_key(
     """A hash of what the measurements depend on: graph structure and shapes, groups, devices, runtimes."""
     payload = {
         "version": CACHE_VERSION,
-        "runtimes": [ort.__version__, ov.__version__, platform.machine(), os.cpu_count()],
+        "runtimes": [ort.__version__, _openvino_version(), platform.machine(), os.cpu_count()],
         "machine": [platform.node(), _processor()],
         "opsets": [[domain, version] for domain, version in model.opset_imports.items()],
         "nodes": [[named(n), n.domain, n.op_type, [name_of(v) for v in n.inputs], [name_of(v) for v in n.outputs],
@@ -313,6 +313,11 @@ def cache_key(
         "method": method,
     }
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:24]
+
+
+def _openvino_version() -> str:
+    """OpenVINO's version as its package states it, read without importing it (0.15-0.2 s a CPU-only run skips)."""
+    return importlib.metadata.version("openvino")
 
 
 def _processor() -> str:

@@ -60,12 +60,14 @@ def _fewest_cuts(group: list[ir.Node], group_of: dict[ir.Node, int], infos: dict
     """The cut positions of `group`: from every allowed one, each dropped in turn where the charge stays within
     `least` of the finest's; none where the finest saves less than `least`."""
     allowed = allowed_cuts(group, graph_outputs)
+    if not allowed:  # most groups: a single node, or views of one buffer
+        return []
 
     def charge(cuts: Sequence[int]) -> int:
         return partition_charge(group, cuts, group_of, infos, workspace, graph_outputs)
 
     finest = charge(allowed)
-    if not allowed or finest > charge([]) - least:
+    if finest > charge([]) - least:
         return []
     cuts = list(allowed)
     for k in allowed:

@@ -36,8 +36,16 @@ def value_reads(node: ir.Node) -> list[ir.Value]:
     """The values an onnx-ir `node` reads: its inputs, then its subgraphs' outer reads, each once (blank inputs left
     out)."""
     found = dict.fromkeys(value for value in node.inputs if value is not None)
-    found.update((value, None) for _, _, value in outer_uses(node))
+    if _has_subgraphs(node):
+        found.update((value, None) for _, _, value in outer_uses(node))
     return list(found)
+
+
+def _has_subgraphs(node: ir.Node) -> bool:
+    """Whether an attribute of `node` holds a graph: few nodes do, and the question is asked of every node many times
+    over while the problem is built (read through the attributes' plain dict, `UserDict.data`: their mapping
+    interface took most of the time)."""
+    return any(attribute.type in _GRAPH_TYPES for attribute in node.attributes.data.values())
 
 
 def outer_uses(node: ir.Node) -> list[tuple[ir.Node, int, ir.Value]]:

@@ -24,16 +24,18 @@ import json
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-import openvino as ov
 from onnx import helper
 
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.execute import session_options
+
+if TYPE_CHECKING:  # imported where an OpenVINO device runs: 0.15-0.2 s a command on the CPU alone does not need
+    import openvino as ov
 
 Values = dict[str, Any]
 """Tensor name -> a value resident on one device (an OrtValue or an ov.Tensor)."""
@@ -165,6 +167,8 @@ class OpenVino(Runtime):
         return run
 
     def node_seconds(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> list[dict[str, float]]:
+        import openvino as ov
+
         compiled = self._compiled(model, {"PERF_COUNT": True})
         request = compiled.create_infer_request()
         request.infer(feeds)
@@ -176,6 +180,8 @@ class OpenVino(Runtime):
         return per_run
 
     def from_host(self, array: np.ndarray) -> ov.Tensor:
+        import openvino as ov
+
         # OpenVINO knows int64 as numpy's `long` only; onnxruntime returns `long long` on Linux.
         return ov.Tensor(np.ascontiguousarray(array).view(np.dtype(array.dtype.str)))
 
@@ -196,6 +202,8 @@ class OpenVino(Runtime):
 
 @functools.cache
 def _openvino_core() -> ov.Core:
+    import openvino as ov
+
     return ov.Core()
 
 

@@ -17,7 +17,6 @@ import contextlib
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnxscript.optimizer import fold_constants
 
 from onnx_remat.core.errors import ModelError, one_line
 from onnx_remat.passes.manager import named, run_passes, to_proto, without_weights
@@ -147,6 +146,8 @@ def _adopt(unknown: list[ir.Value], found: dict[str, ir.Value]) -> None:
 def _folded_shapes(model: ir.Model) -> dict[str, ir.Value]:
     """Concrete values, by name, of a clone whose constant shape subgraphs are folded (never a parameter's values):
     those the folder evaluated (their nodes are gone from the clone) and those inference then finds downstream."""
+    from onnxscript.optimizer import fold_constants  # 0.15-0.3 s to import, for models inference leaves unknown only
+
     parameters = {name for name, value in model.graph.initializers.items() if value.dtype in FLOAT_TYPES}
     copy = model.clone()
     values = [value for node in copy.graph for value in node.outputs]

@@ -217,11 +217,28 @@ def test_no_time_left_to_measure_costs_uses_the_roofline_and_says_why(monkeypatc
                                           "share of the time limit (about")
 
 
+def test_costs_whose_whole_runs_would_pass_their_share_are_not_measured(monkeypatch):
+    """Measuring runs the whole model a few times before its first deadline check: a model whose one run the roofline
+    puts at 3.4 s (a 4096-square MatMul) is not measured in a 40 s limit, whatever few nodes it has (measuring such a
+    training step took 45 CPU s past its 14 s share)."""
+    monkeypatch.delenv("ONNX_REMAT_COST_MODEL", raising=False)
+    square = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["a", "b"], ["c"], name="matmul")], "big",
+        [square(name, onnx.TensorProto.FLOAT, [4096, 4096]) for name in ("a", "b")],
+        [square("c", onnx.TensorProto.FLOAT, [4096, 4096])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    problem = onnx_remat.costed(model, onnx_remat.RematOptions(time_limit=40.0), started=time.perf_counter())
+    assert problem.cost_model == "analytic"
+    assert problem.cost_source.startswith("roofline estimates: measuring in-graph costs would take longer than its "
+                                          "share of the time limit (about")
+
+
 def test_costs_needing_between_a_quarter_and_half_of_the_time_left_are_measured(monkeypatch, tmp_path):
     """Measuring may take up to half of what is left when a quarter is too little: its share is then exactly what it
     needs, which a deadline set before the check had always made too short (the roofline served instead)."""
     monkeypatch.delenv("ONNX_REMAT_COST_MODEL", raising=False)
-    monkeypatch.setattr(pipeline, "_measure_seconds", lambda prepared: 400.0)
+    monkeypatch.setattr(pipeline, "_measure_seconds", lambda roofline: 400.0)
     options = onnx_remat.RematOptions(time_limit=1000.0, cache_dir=tmp_path)
     problem = onnx_remat.costed(skip_net(), options, started=time.perf_counter())
     assert problem.cost_model == "in-graph"

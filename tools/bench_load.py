@@ -13,8 +13,9 @@ same parser, pipeline stages and output files), and a second table gives the wal
 interpreter's start-up, the imports, prepare (load, shapes, the train step), costs (problem build and cost
 measurement), the minimum search and the solve call's other work (solve_at less the solver), the solver (its own
 seconds, the portfolio's start and its workers' stop included), report and rewrite, the output files (rendered and
-written) and the process's exit; then the total against the time limit, per run and as medians. Every run gets an
-empty cost cache, as a new user's first run does.
+written) and the process's exit; then the total against the time limit, per run and as medians; and a third table
+the CPU seconds of each stage from the imports to the files (the process's and its children's, user and system:
+what the load does not change). Every run gets an empty cost cache, as a new user's first run does.
 
 Run: python tools/bench_load.py [--rounds 3] [--hogs 2] [--stages] -- MODEL.onnx --mode train --budget 35% \
     --time-limit 30
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,10 +37,20 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-STARTED, STARTED_AT = time.perf_counter(), time.time()
-"""Where a stage-by-stage run's limit counts from, as the command's from its entry: before the package's imports."""
+STARTED, STARTED_AT, STARTED_CPU = time.perf_counter(), time.time(), time.process_time()
+"""Where a stage-by-stage run's limit counts from, as the command's from its entry: before the package's imports (and
+its CPU seconds then: no child has run yet)."""
 MIB = 2**20
 STAGES = ("start-up", "imports", "prepare", "costs", "min search", "solver", "report+rewrite", "outputs", "exit")
+CPU_STAGES = ("imports", "prepare", "costs", "solve", "report+rewrite", "outputs")
+"""The stages a staged run's CPU seconds are counted over (the minimum search and the solver together: the solver's
+workers are threads and child processes both)."""
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and its waited-for children so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @contextmanager
@@ -104,22 +116,28 @@ def stages_of(argv: list[str]) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     options = replace(remat_options(args), headroom=args.headroom, find_minimum=bool(args.report),
                       plot=bool(args.plot))
-    marks = [STARTED, time.perf_counter()]
+    marks, cpu = [STARTED, time.perf_counter()], [STARTED_CPU, cpu_seconds()]
+
+    def mark() -> None:
+        marks.append(time.perf_counter())
+        cpu.append(cpu_seconds())
+
     prepared = prepare(args.input, options.mode, options.input_shapes, options.training)
-    marks.append(time.perf_counter())
+    mark()
     problem = costed(prepared, options, get_devices(options.devices), STARTED)
-    marks.append(time.perf_counter())
+    mark()
     solved = solve_at(problem, args.budget, options, STARTED)
-    marks.append(time.perf_counter())
+    mark()
     result = rewritten(solved)
-    marks.append(time.perf_counter())
+    mark()
     write_together(_outputs(args, result))
-    marks.append(time.perf_counter())
+    mark()
     spans = [b - a for a, b in zip(marks, marks[1:], strict=False)]
     solver = solved.result.seconds
     times = [*spans[:3], spans[3] - solver, solver, *spans[4:]]
-    return {**dict(zip(STAGES[1:-1], times, strict=True)), "limit": options.time_limit, "started at": STARTED_AT,
-            "ended at": STARTED_AT + marks[-1] - STARTED}
+    used = {f"cpu {stage}": b - a for stage, a, b in zip(CPU_STAGES, cpu[:-1], cpu[1:], strict=True)}
+    return {**dict(zip(STAGES[1:-1], times, strict=True)), **used, "limit": options.time_limit,
+            "started at": STARTED_AT, "ended at": STARTED_AT + marks[-1] - STARTED}
 
 
 def row(label: str, result: dict) -> str:
@@ -140,13 +158,21 @@ def stage_row(label: str, result: dict) -> str:
     return f"| {label} | {cells} | {result['wall']:.2f} | {result['wall'] - result['limit']:+.2f} |"
 
 
-def stage_medians(label: str, results: list[dict]) -> str:
-    """The median stage row of the staged runs that succeeded."""
+def cpu_row(label: str, result: dict) -> str:
+    """One markdown row of a staged run's CPU seconds per stage and their sum but the solve's."""
+    if "error" in result:
+        return f"| {label} |" + " |" * (len(CPU_STAGES) + 1)
+    seconds = {stage: result[f"cpu {stage}"] for stage in CPU_STAGES}
+    fixed = sum(value for stage, value in seconds.items() if stage != "solve")
+    return f"| {label} | {' | '.join(f'{value:.2f}' for value in seconds.values())} | {fixed:.2f} |"
+
+
+def stage_medians(label: str, results: list[dict], cpu: bool = False) -> str:
+    """The median stage row (`cpu`: CPU seconds row) of the staged runs that succeeded."""
     done = [r for r in results if "error" not in r]
-    if not done:
-        return f"| median {label} |" + " |" * (len(STAGES) + 2)
-    keys = (*STAGES, "wall", "limit")
-    return stage_row(f"median {label}", {key: statistics.median(r[key] for r in done) for key in keys})
+    keys = (*(f"cpu {stage}" for stage in CPU_STAGES),) if cpu else (*STAGES, "wall", "limit")
+    median = {key: statistics.median(r[key] for r in done) for key in keys} if done else {"error": "none ran"}
+    return (cpu_row if cpu else stage_row)(f"median {label}", median)
 
 
 def medians(label: str, results: list[dict]) -> str:
@@ -195,6 +221,12 @@ def main() -> None:
             for round_, result in enumerate(found):
                 print(stage_row(f"{round_ + 1} {label}", result))
             print(stage_medians(label, found))
+        print(f"\n| run (CPU s) | {' | '.join(CPU_STAGES)} | all but the solve |")
+        print("| --- |" + " ---: |" * (len(CPU_STAGES) + 1))
+        for label, found in results.items():
+            for round_, result in enumerate(found):
+                print(cpu_row(f"{round_ + 1} {label}", result))
+            print(stage_medians(label, found, cpu=True))
 
 
 if __name__ == "__main__":

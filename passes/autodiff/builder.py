@@ -89,7 +89,7 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
         unroll_recurrences(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
-    add_loss(model, loss, infer(model))
+    add_loss(model, loss, GraphInfo(model))  # the output's shape is the forward model's, resolved already
     info = infer(model)
     while expansions := _ruleless_bodies(model, info, frozen):
         expand_nodes(model, expansions)

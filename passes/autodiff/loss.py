@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.options import LOSSES
+from onnx_remat.passes.autodiff.emitter import node_attributes
 from onnx_remat.passes.autodiff.graph_info import FLOAT_TYPES, GraphInfo
 
 LOSS = "loss"
@@ -24,7 +25,7 @@ class _LossGraph:
     def op(self, step: str, op_type: str, *inputs: ir.Value, output: str | None = None, **attrs: Any) -> ir.Value:
         """Add one node; its output is named `output` or like the node."""
         name = f"{LOSS}/{step}"
-        node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=1, name=name)
+        node = ir.Node("", op_type, inputs, node_attributes(attrs), num_outputs=1, name=name)
         node.outputs[0].name = output or name
         self.graph.append(node)
         return node.outputs[0]

@@ -9,6 +9,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError, UsageError
+from onnx_remat.passes.autodiff.emitter import node_attributes
 from onnx_remat.passes.manager import named
 
 OPTIMIZERS = ("sgd",)
@@ -52,7 +53,7 @@ def add_sgd(graph: ir.Graph, params: Sequence[ir.Value], grads: Sequence[ir.Valu
 def _node(graph: ir.Graph, op_type: str, inputs: Sequence[ir.Value], name: str, output: str,
           **attrs: ir.TensorProtocol) -> ir.Value:
     """Append a one-output node named `name`; its output, named `output`."""
-    node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=1, name=name)
+    node = ir.Node("", op_type, inputs, node_attributes(attrs), num_outputs=1, name=name)
     node.outputs[0].name = output
     graph.append(node)
     return node.outputs[0]

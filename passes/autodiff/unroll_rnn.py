@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.core.errors import ModelError
+from onnx_remat.passes.autodiff.emitter import node_attributes
 from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_str, attr_strs, has_attr, present
 from onnx_remat.passes.manager import named
 
@@ -40,7 +41,7 @@ class _Steps:
 
     def ops(self, op_type: str, inputs: Sequence[ir.Value | None], outputs: int, **attrs: Any) -> list[ir.Value]:
         name = f"{self.owner}/unrolled/{len(self.nodes)}"
-        node = ir.Node("", op_type, inputs, ir.convenience.convert_attributes(attrs), num_outputs=outputs, name=name)
+        node = ir.Node("", op_type, inputs, node_attributes(attrs), num_outputs=outputs, name=name)
         for j, output in enumerate(node.outputs):
             output.name = name if outputs == 1 else f"{name}:{j}"
         self.nodes.append(node)

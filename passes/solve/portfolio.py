@@ -31,7 +31,10 @@ from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
 COPIES = 3
 """Computations per operator in the interval model (Moccasin's default is 2). At half the keep-all memory: a 37-operator
 U-Net's optimum in 9 s with 3, 15 s with 4; a 16-operator training chain's in 0.9 s with 3; a 16-operator U-Net needs
-more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add."""
+more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add. The peers'
+unet4_p40's optimum (87.349, which HiGHS alone proved in 852 s) computes an operator 4 times: alone for 60 s CP-SAT
+ends at 87.400 with 3, finds 87.349 at 48 s with 4 and at 44 s with 5; in the portfolio 4 reached 88.957 by the
+hand-over (31 s) and 87.832 in all, against 87.400 with 3 (load 9, measured)."""
 HEAD_START = 2.0
 """Longest wait, in seconds, for the CP-SAT worker to report before HiGHS starts in this process (_head_start). It
 reports at once after loading its model when hinted, 0.5-0.7 s after starting alone; beside HiGHS it took 2.6 s under

@@ -211,3 +211,27 @@ def test_portfolio_with_highs_in_its_child_proves_what_the_intervals_cannot(monk
     result = checked(problem, solve(problem, "auto", time_limit=LONG))
     assert result.solver == "portfolio" and result.status == "optimal"
     assert result.model_objective == pytest.approx(optimum)
+
+
+def test_portfolio_hands_over_to_highs_when_the_stall_rule_cannot_fire(monkeypatch: pytest.MonkeyPatch):
+    """A stall rule that never fires (as under heavy load, where the worker's CPU seconds do not add up to STALL within
+    the limit) still leaves HiGHS's child its share: CP-SAT's search on a 37-operator U-Net at half its memory, which
+    it does not prove within seconds, ends at HAND_OVER of the time limit (here at once), and HiGHS then reports a
+    bound, on which the test stops the race (before, HiGHS would have waited for LONG)."""
+    problem = half_budget(unet(12))
+    monkeypatch.setattr(portfolio, "IN_PROCESS_NONZEROS", 0)
+    monkeypatch.setattr(highs, "IN_PROCESS_NONZEROS", 0)
+    monkeypatch.setattr(portfolio, "STALL", 1e9)
+    monkeypatch.setattr(portfolio, "HAND_OVER", 0.0)
+    model, hint, stop = build_model(problem), best_baseline(problem), threading.Event()
+    bounds: list[float] = []
+
+    def highs_reported(seconds: float, incumbent: float | None, bound: float | None) -> None:
+        if bound is not None:
+            bounds.append(bound)
+            stop.set()
+
+    found = portfolio.race(problem, model.milp, LONG, (model.assignment(hint), hint), (highs_reported, None),
+                           (1e-6, 1e-6), stop, model.assignment)
+    assert bounds and found.milp.status == "interrupted" and not found.exact
+    assert found.intervals.status != "optimal"

@@ -1,12 +1,13 @@
 """A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py).
 
-On the peers benchmark's problems the two are strong at different things: CP-SAT on intervals finds the optimum of
-a 37-operator U-Net at half its keep-all memory in 9 s, where HiGHS takes 262 s to find and prove it; HiGHS proves
-what the memory-cut bound cannot. CP-SAT searches first, on both cores (two workers), until its incumbent stalls
-(STALL); where HiGHS runs in this process (small models) it runs beside it, where it runs in a child (larger ones) it
-starts then, from the cheaper of the warm start and CP-SAT's schedule, and has the processor to itself. Beside
-CP-SAT at nice 19 (as before) HiGHS's child got 0.5 CPU s of chain40_p40's first 10 s and too little of the rest
-once other work loaded the machine: nice only goes up, so it could not be given the processor back.
+On the peers benchmark's problems the two are strong at different things: CP-SAT on intervals finds the optimum of a
+37-operator U-Net at half its keep-all memory in 9 s, where HiGHS takes 262 s to find and prove it; HiGHS proves what
+the memory-cut bound cannot. CP-SAT searches first, on both cores (two workers), until its incumbent stalls (STALL), or
+at HAND_OVER of the time limit on the wall clock; where HiGHS runs in this process (small models) it runs beside it,
+where it runs in a child (larger ones) it starts then, from the cheaper of the warm start and CP-SAT's schedule, and has
+the processor to itself. Beside CP-SAT at nice 19 (as before) HiGHS's child got 0.5 CPU s of chain40_p40's first 10 s
+and too little of the rest once other work loaded the machine: nice only goes up, so it could not be given the processor
+back.
 Both stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator
 as the MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound
 (proven.py, which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
@@ -30,7 +31,10 @@ from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
 COPIES = 3
 """Computations per operator in the interval model (Moccasin's default is 2). At half the keep-all memory: a 37-operator
 U-Net's optimum in 9 s with 3, 15 s with 4; a 16-operator training chain's in 0.9 s with 3; a 16-operator U-Net needs
-more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add."""
+more than 4 (HiGHS proves it). Measured; more make the model slower, and the MILP covers what they would add. The peers'
+unet4_p40's optimum (87.349, which HiGHS alone proved in 852 s) computes an operator 4 times: alone for 60 s CP-SAT
+ends at 87.400 with 3, finds 87.349 at 48 s with 4 and at 44 s with 5; in the portfolio 4 reached 88.957 by the
+hand-over (31 s) and 87.832 in all, against 87.400 with 3 (load 9, measured)."""
 HEAD_START = 2.0
 """Longest wait, in seconds, for the CP-SAT worker to report before HiGHS starts in this process (_head_start). It
 reports at once after loading its model when hinted, 0.5-0.7 s after starting alone; beside HiGHS it took 2.6 s under
@@ -41,6 +45,11 @@ it is not exact: it then proves nothing, and past its last improvement it holds 
 proof. It ends once its incumbent has not improved for as long as finding it took, and STALL at least. chain40_p40
 at a 240 s limit under load 9-10: CP-SAT stalled after 18.8 CPU s (346.906), HiGHS from its schedule proved 346.441
 optimal at 165 s; beside CP-SAT at nice 19 HiGHS got 4.8 CPU s in 232 s and proved nothing (measured)."""
+HAND_OVER = 0.5
+"""Share of the time limit, on the wall clock, after which CP-SAT's search on the interval model ends where it is not
+exact, stalled or not: HiGHS then has the rest. Under heavy load STALL, counted in the worker's CPU seconds, may not
+pass within the limit at all (load 5-21 on 2 cores: HiGHS's child never started on the peers' unet4_p40, and the
+stated bound fell back to the memory-cut bound)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,8 @@ def race(
 
     def intervals() -> None:
         try:
-            outcome = solve_intervals(problem, copies, time_limit, warm[1], report, stop, None if exact else STALL)
+            outcome = solve_intervals(problem, copies, _searched(time_limit, exact), warm[1], report, stop,
+                                      None if exact else STALL)
         except BaseException as error:  # raised again in the caller's thread
             failed.append(error)
             return
@@ -105,6 +115,12 @@ def race(
     if failed:
         raise failed[0]
     return Race(outcome, found[0], exact)
+
+
+def _searched(time_limit: float | None, exact: bool) -> float | None:
+    """Seconds CP-SAT's search on the interval model may take: all of `time_limit` where the model is `exact` (its
+    proof ends the race), HAND_OVER of it where not."""
+    return time_limit if exact or time_limit is None else HAND_OVER * time_limit
 
 
 def _highs(

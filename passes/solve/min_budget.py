@@ -11,7 +11,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -21,7 +21,14 @@ from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
-from onnx_remat.passes.solve.baselines import baselines_of, fitting, on_device, placed, segmentations
+from onnx_remat.passes.solve.baselines import (
+    baselines_of,
+    chen_segments,
+    fitting,
+    on_device,
+    placed,
+    segment_lengths,
+)
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, build_seconds, too_large
 from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
 from onnx_remat.passes.solve.offload import Work, offload
@@ -135,15 +142,19 @@ def _candidates(problem: Problem, device: int, deadline: float, runs: int | None
     least = min((b for b in baselines_of(problem) if fits_others(b.peak_bytes)), key=lambda b: b.peak_bytes[device],
                 default=None)  # the only baseline that can be the least: its events alone are built
     found = [] if least is None else [(least.peak_bytes[device], least.schedule)]
-    segmented = (
-        placed(schedule, d)
-        for d in range(problem.num_devices)
-        for schedule in segmentations(on_device(problem, d))
-    )
+
+    def segmented() -> Iterator[Schedule]:
+        """Chen's segments on each device, each built only while time remains (or nothing was found yet): the
+        first, built before the deadline was looked at, took 0.05 CPU s on DenseNet-121's training step."""
+        for d in range(problem.num_devices):
+            alone = on_device(problem, d)
+            for length in segment_lengths(problem.num_ops):
+                if found and time.perf_counter() >= deadline:
+                    return
+                yield placed(chen_segments(alone, length), d)
+
     evicting = _least_evicting(problem, device, min((peak for peak, _ in found), default=None), runs)
-    for schedule in itertools.chain([] if evicting is None else [evicting], segmented):
-        if schedule is not evicting and found and time.perf_counter() >= deadline:
-            break
+    for schedule in itertools.chain([] if evicting is None else [evicting], segmented()):
         peaks = simulate(problem, schedule).peak_bytes
         if fits_others(peaks):
             found.append((peaks[device], schedule))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from real_model_zoo import export  # noqa: E402
 
 SHAPE = (256, 4, 16, 16)  # t5_encoder's attention scores at 256 rows: a batched MatMul of two activations
+SMALL_BATCH = (2, 4, 16, 16)  # the same at 2 rows, as in a tiny transformer exported at batch 2
 
 
 def matmul_chain(nodes: int = 40, shape: tuple[int, ...] = SHAPE) -> onnx.ModelProto:
@@ -53,11 +54,12 @@ def kept(model: onnx.ModelProto, device: Device) -> int:
     return kept_per_session(device, ir.from_proto(model).graph, tensor_infos(model))
 
 
-def test_a_session_keeps_a_stack_per_worker_thread_its_largest_packing_gemm_is_split_over():
+def test_a_session_keeps_a_stack_per_worker_thread_mlas_runs_a_packing_gemm_slice_on():
     assert kept(matmul_chain(), cpu(1)) == 0
-    assert kept(matmul_chain(nodes=1), cpu(3)) == 2 * SGEMM_STACK_BYTES  # 4 Mi multiply-adds: every thread
-    assert kept(matmul_chain(nodes=1, shape=(16, 16, 16)), cpu(3)) == SGEMM_STACK_BYTES  # 64 Ki: two threads
-    assert kept(matmul_chain(nodes=1, shape=(4, 16, 16)), cpu(3)) == 0  # 16 Ki: the caller alone
+    assert kept(matmul_chain(nodes=1), cpu(3)) == 2 * SGEMM_STACK_BYTES  # a batch of 1024 GEMMs: every thread
+    assert kept(matmul_chain(nodes=1, shape=SMALL_BATCH), cpu(3)) == 2 * SGEMM_STACK_BYTES  # 8 GEMMs of 4 Ki
+    assert kept(matmul_chain(nodes=1, shape=(64, 64)), cpu(3)) == 2 * SGEMM_STACK_BYTES  # one GEMM of 256 Ki: split
+    assert kept(matmul_chain(nodes=1, shape=(32, 32)), cpu(3)) == 0  # one GEMM of 32 Ki: the caller alone
     assert kept(with_weight(matmul_chain(nodes=1)), cpu(3)) == 0  # B prepacked: nothing packed on the stack
     assert kept(matmul_chain(), cpu(3, "openvino")) == 0
 

@@ -25,19 +25,10 @@ MatMuls of [2, 4, 16, 16] activations (a batch of 8 GEMMs of 4 Ki multiply-adds,
 transformer) kept 72-76 KiB with 2 threads in 4 of 5 fresh processes, 0-4 with one; whether the worker takes a slice
 before the caller has run them all is a race, so a process may keep none.
 
-Per device, onnxruntime's CPU provider leaves glibc's main heap touched where the first run served its small tensors
-(blocks under the mmap threshold: `sizes.on_heap`) and their objects: at most the tensors the device's nodes write
-(their data and `sizes.HEAP_TENSOR_BYTES` each, all of them: the run frees them into holes it does not always reuse),
-and at most glibc's top pad (M_TOP_PAD, 128 KiB): when the run outgrows the heap's holes glibc grows the heap by the
-request and the pad, and trims it back to the pad afterwards, the pad's pages touched. Measured with `mallinfo2` and
-the [heap] mapping of /proc/self/smaps around the learning run of `measure_devices` (1 thread, so no worker stack;
-5 fresh processes each, the real exports' minimum-budget inference rewrites): the legacy exports of llama, gpt_mha and
-bert (388, 282 and 297 small node outputs, 145, 109 and 110 KiB with their objects) grew the heap's arena by 132 KiB
-and kept 104, 81 and 69 KiB beyond the shared-buffer term (medians; bert 9-97 over its processes: the heap grows or
-not); gpt's legacy export (136, 51 KiB) and the dynamo exports (0-4, 0-7 KiB) 0-20 KiB. It is a term per device, not
-per session: the sessions of a process share one heap. Not modelled: larger tensors served from a hole the
-compilation left in the heap, which the first run touches through: bert's dynamo training step (one 1.2 MiB hole after
-compiling, kept 1.0-1.1 MiB), mobilenet_v3_small's legacy inference (8 small tensors, kept 70-618 KiB).
+Nothing is counted for glibc's main heap: `measure_devices` gives its free pages back and holds its free chunks
+before the run that learns what is kept, with no top pad, so a run's blocks of a page or more are mapped on their own
+and its smaller ones grow the heap by what they need while they live (`sizes.HEAP_TENSOR_BYTES`); what the first run
+then leaves beside the terms above is 0-8 KiB (docs/measurements.md, "The heap's holes").
 """
 
 from __future__ import annotations
@@ -52,15 +43,13 @@ import onnx_ir as ir
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import name_of
-from onnx_remat.passes.sizes import TensorInfo, on_heap
+from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.passes.workspace import gemm_threads
 
 SHARED_BUFFER_BYTES = 223
 """onnxruntime CPU: bytes kept per node writing into its input's buffer (the median over the eight op types)."""
 SGEMM_STACK_BYTES = 72 * 1024
 """onnxruntime CPU: stack bytes an intra-op worker thread keeps touched after its first GEMM slice."""
-HEAP_TOP_PAD_BYTES = 128 * 1024
-"""glibc's M_TOP_PAD: the most of the main heap a first run that grows it leaves touched above what stays in use."""
 
 
 def kept_per_shared_buffer(device: Device) -> int:
@@ -76,16 +65,6 @@ def kept_per_session(device: Device, nodes: Iterable[ir.Node], infos: dict[str, 
     threads = intra_op_threads(device)
     busiest = max((packing_gemm_threads(node, infos, threads) for node in nodes), default=0)
     return max(busiest - 1, 0) * SGEMM_STACK_BYTES
-
-
-def kept_heap(device: Device, nodes: Iterable[ir.Node], infos: dict[str, TensorInfo]) -> int:
-    """Bytes of glibc's main heap `device`'s runtime leaves touched after its first run of `nodes` (all its sessions'):
-    the heap-served tensors the nodes write, with their objects, at most glibc's top pad."""
-    if not _onnxruntime_cpu(device):
-        return 0
-    names = {name_of(value) for node in nodes for value in node.outputs}
-    served = sum(infos[name].allocated_bytes for name in names if name in infos and on_heap(infos[name].nbytes))
-    return min(served, HEAP_TOP_PAD_BYTES)
 
 
 def packing_gemm_threads(node: ir.Node, infos: dict[str, TensorInfo], threads: int) -> int:

@@ -1,11 +1,10 @@
-"""What the main heap keeps after a first run, beside `runtime_kept.kept_heap`: zoo rewrites measured with mallinfo2.
+"""What the main heap keeps after a first run, beside what the predictions count: zoo rewrites measured with mallinfo2.
 
 Each model of the zoo (`name:exporter:mode`) is rewritten at `--budget` and run by `measure_devices`'s child steps on
 one onnxruntime CPU device with one thread (no worker-thread stack) in `--repeats` fresh processes. Around the run
 that learns what is kept the child reads glibc's `mallinfo2` and the [heap] mapping's resident bytes. The table gives
 the rewrite's small node outputs (served from the heap) and their bytes with objects, the predicted kept bytes (the
-shared-buffer and heap terms) and the heap term alone, and the medians (ranges) of the kept bytes, the heap's resident
-growth and the arena's growth (132 KiB: glibc grew the heap and trimmed it back to its top pad).
+shared-buffer term), and the medians (ranges) of the kept bytes, the heap's resident growth and the arena's growth.
 
     python tools/heap_kept.py llama:legacy:infer gpt_mha:legacy:infer bert:dynamo:train --repeats 5
 """
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from rich.console import Console
 from rich.table import Table
 
@@ -33,7 +31,6 @@ from onnx_remat.execution import input_values
 from onnx_remat.passes import load, measure_devices
 from onnx_remat.passes.measure import MALLOC_ENV
 from onnx_remat.passes.run_devices import build_plan, compile_plan, run_plan
-from onnx_remat.passes.runtime_kept import kept_heap
 from onnx_remat.passes.sizes import on_heap, tensor_infos
 from onnx_remat.pipeline import TrainingOptions, remat
 
@@ -93,10 +90,8 @@ def measure(spec: str, budget: str, repeats: int, workdir: Path) -> list[str]:
     small = {out for node in plan.model.graph.node for out in node.output
              if out in infos and on_heap(infos[out].nbytes)}
     samples = [_in_fresh_process(folder) for _ in range(repeats)]
-    heap_term = kept_heap(DEVICE, ir.from_proto(plan.model).graph, infos)
     return [spec, str(len(plan.model.graph.node)), str(len(small)),
             f"{sum(infos[out].allocated_bytes for out in small) / 1024:.0f}", f"{plan.kept_bytes[0] / 1024:.0f}",
-            f"{heap_term / 1024:.0f}",
             *(_kib([sample[key] for sample in samples]) for key in ("kept", "heap", "arena"))]
 
 
@@ -121,7 +116,7 @@ def main() -> None:
         print(json.dumps(child(args.child)))
         return
     table = Table(title=f"the main heap after the first run, one thread, median (range) of {args.repeats} processes")
-    for column in ("model", "nodes", "small node outputs", "their KiB", "predicted kept KiB", "heap term KiB",
+    for column in ("model", "nodes", "small node outputs", "their KiB", "predicted kept KiB",
                    "kept KiB", "heap resident growth KiB", "arena growth KiB"):
         table.add_column(column, justify="left" if column == "model" else "right")
     with tempfile.TemporaryDirectory() as workdir:

@@ -212,7 +212,7 @@ def _release_heap_holes() -> None:
     the 128 KiB top pad a growing heap keeps, before it maps one (an allocation tracer on llama's dynamo inference
     rewrite at its minimum: 90 of the first run's 93 tensors of 4-16 KiB came from the heap, 23 chunks over time
     touching 152 KiB of pages where 48 KiB were live at once); those pages stay resident after the block is freed
-    and were counted as kept: 68-208 KiB on that rewrite against 32 predicted, 8-32 KiB with the chunks held and no
+    and were counted as kept: 68-208 KiB on that rewrite against 32 predicted, 4-32 KiB with the chunks held and no
     pad (docs/measurements.md)."""
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc_trim(0)

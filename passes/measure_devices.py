@@ -49,7 +49,6 @@ import ctypes
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -229,26 +228,26 @@ def _release_heap_holes() -> None:
 _M_TOP_PAD = -2  # mallopt's parameter number
 _CHUNK_HEADER_BYTES = 8  # an allocated chunk's size field; malloc(size - 8) takes a free chunk of `size` whole
 _HOLD_PASSES = 5
-_SIZE_FIELD = struct.Struct("<Q")
+_WORD_BYTES = 8
 _HELD_CHUNKS: list[int] = []  # held for the child's life
 
 
 def _free_heap_chunks(at_least: int) -> list[int]:
     """The sizes of the free chunks of glibc's main heap of `at_least` bytes or more, top chunk excepted: the heap's
-    chunks are walked by their size fields (bit 0 of the next chunk's tells whether a chunk is in use, the low
-    three bits are flags), read where they are, so that no page is touched. Empty when the process has no main
-    heap."""
+    chunks are walked by their size fields, the second word of each (bit 0 of the next chunk's tells whether a chunk
+    is in use, the low three bits are flags), read where they are, so that no page is touched. Empty when the process
+    has no main heap."""
     heap = heap_span()
-    memory = (ctypes.c_char * len(heap)).from_address(heap.start)
-    sizes, offset, end = [], 0, len(heap) - 2 * _CHUNK_HEADER_BYTES
-    while offset <= end:
-        size = _SIZE_FIELD.unpack_from(memory, offset + _CHUNK_HEADER_BYTES)[0] & ~7
-        following = offset + size
+    words = memoryview((ctypes.c_char * len(heap)).from_address(heap.start)).cast("B").cast("Q")
+    sizes, index, end = [], 0, len(words) - 2
+    while index <= end:
+        size = words[index + 1] & ~7
+        following = index + size // _WORD_BYTES
         if size == 0 or following > end:
             break  # the top chunk
-        if size >= at_least and not _SIZE_FIELD.unpack_from(memory, following + _CHUNK_HEADER_BYTES)[0] & 1:
+        if size >= at_least and not words[following + 1] & 1:
             sizes.append(size)
-        offset = following
+        index = following
     return sizes
 
 

@@ -48,7 +48,7 @@ from onnx_remat.passes.model_files import has_external_data, model_files
 from onnx_remat.passes.operator_groups import group_training_graph
 from onnx_remat.passes.rewrite import count_role, rewrite
 from onnx_remat.passes.run_devices import build_plan, race
-from onnx_remat.passes.runtime_kept import kept_heap, kept_per_session, kept_per_shared_buffer
+from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer
 from onnx_remat.passes.shapes import ResolveShapes
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
@@ -374,8 +374,7 @@ def costed_problem(
     roofline = Roofline()
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
     kept = {device.name: kept_per_shared_buffer(device) for device in devices}
-    sessions = {device.name: kept_per_session(device, prepared.model.graph, infos)
-                + kept_heap(device, prepared.model.graph, infos) for device in devices}
+    sessions = {device.name: kept_per_session(device, prepared.model.graph, infos) for device in devices}
     graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles, kept,
                           sessions)
     analytic = CostedProblem(prepared, tuple(devices), graph, None, Minima(graph.problem, prepared.slowdown))

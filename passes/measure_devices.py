@@ -25,8 +25,10 @@ copy (the array in host memory while it moves), graph inputs held on the host, a
 compiled kernels.
 
 Page granularity and allocator slack make small tensors measure poorly. glibc maps a block of 4 KiB or more on its
-own only when it has to grow: a free chunk of the heap large enough serves it first, so a held value takes whole pages
-or its bytes depending on where it landed, which its address tells (256 held outputs of 64 KiB take 17 pages each,
+own only when it has to grow: a free chunk of the heap large enough, or the top pad of a heap that grew, serves it
+first, so the child holds the heap's large free chunks and sets the pad to 0 before the learning run
+(`_release_heap_holes`); a held value that still landed in the heap (in a chunk the learning run freed) takes its
+bytes there and whole pages otherwise, which its address tells (256 held outputs of 64 KiB take 17 pages each,
 measured 17.0 MiB; counted at their data size they came to 16.8). Blocks under 4 KiB come from the heap, which does
 not shrink below its highest live block. What a runtime keeps is partly its own state: onnxruntime keeps about 0.22
 KiB per node that writes into its input's buffer, after the node's first run (chains of 2000 Relu nodes kept 0.42-0.44
@@ -64,7 +66,7 @@ from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES
 from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
-from onnx_remat.passes.sizes import PAGE_BYTES
+from onnx_remat.passes.sizes import MMAP_THRESHOLD, PAGE_BYTES
 from onnx_remat.passes.verdict import near_budget
 
 _LARGE_MODEL = 1 << 30  # bytes of serialized model above which the child gets the weights as external data
@@ -203,8 +205,50 @@ def _release_heap_holes() -> None:
     """Give the free pages of glibc's heap back (`malloc_trim(0)`), so that the heap a run needs is touched again,
     counted as kept, rather than served unseen from holes that loading and the throwaway run left: 3000 live
     tensors of 1 KiB measured 4.6-4.8 MiB with those holes, less than their data and the 2.9 MiB Concat of them, and
-    7.0 MiB without (7.1 predicted)."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    7.0 MiB without (7.1 predicted). Then hold the heap's free chunks a block of `MMAP_THRESHOLD` or more fits in,
+    and set glibc's top pad to 0, so that such a block is mapped on its own, as the predictions count it, and its
+    pages leave the resident set when it is freed. glibc serves such a block from a free chunk of the heap, or from
+    the 128 KiB top pad a growing heap keeps, before it maps one (an allocation tracer on llama's dynamo inference
+    rewrite at its minimum: 90 of the first run's 93 tensors of 4-16 KiB came from the heap, 23 chunks over time
+    touching 152 KiB of pages where 48 KiB were live at once); those pages stay resident after the block is freed
+    and were counted as kept: 68-208 KiB on that rewrite against 32 predicted, 4-32 KiB with the chunks held and no
+    pad (docs/measurements.md)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc_trim(0)
+    libc.mallopt(_M_TOP_PAD, 0)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    for _ in range(_HOLD_PASSES):  # holding a chunk can merge freed small chunks into a new one
+        chunks = _free_heap_chunks(MMAP_THRESHOLD)
+        if not chunks:
+            break
+        _HELD_CHUNKS.extend(libc.malloc(size - _CHUNK_HEADER_BYTES) for size in chunks)
+
+
+_M_TOP_PAD = -2  # mallopt's parameter number
+_CHUNK_HEADER_BYTES = 8  # an allocated chunk's size field; malloc(size - 8) takes a free chunk of `size` whole
+_HOLD_PASSES = 5
+_WORD_BYTES = 8
+_HELD_CHUNKS: list[int] = []  # held for the child's life
+
+
+def _free_heap_chunks(at_least: int) -> list[int]:
+    """The sizes of the free chunks of glibc's main heap of `at_least` bytes or more, top chunk excepted: the heap's
+    chunks are walked by their size fields, the second word of each (bit 0 of the next chunk's tells whether a chunk
+    is in use, the low three bits are flags), read where they are, so that no page is touched. Empty when the process
+    has no main heap."""
+    heap = heap_span()
+    words = memoryview((ctypes.c_char * len(heap)).from_address(heap.start)).cast("B").cast("Q")
+    sizes, index, end = [], 0, len(words) - 2
+    while index <= end:
+        size = words[index + 1] & ~7
+        following = index + size // _WORD_BYTES
+        if size == 0 or following > end:
+            break  # the top chunk
+        if size >= at_least and not words[following + 1] & 1:
+            sizes.append(size)
+        index = following
+    return sizes
 
 
 def _child(folder: Path, runs: int) -> dict[str, list[int]]:

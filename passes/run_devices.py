@@ -43,7 +43,7 @@ from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
 from onnx_remat.passes.measure import predicted_activation_peak
-from onnx_remat.passes.runtime_kept import kept_heap, kept_per_session, kept_per_shared_buffer, sharing_nodes
+from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import TensorInfo, tensor_infos
@@ -527,20 +527,17 @@ class _Planner:
         return tuple(parameters)
 
     def _kept_bytes(self, steps: list[Step]) -> tuple[int, ...]:
-        """What each device's runtime keeps for its segments (each its own session), for their nodes writing into
-        their input's buffer (a segment's outputs are its session's graph outputs, which a view copies into) and in
-        the main heap its segments share."""
+        """What each device's runtime keeps for its segments (each its own session): the stacks of their worker
+        threads, and for their nodes writing into their input's buffer (a segment's outputs are its session's graph
+        outputs, which a view copies into)."""
         kept = [0] * len(self.devices)
-        nodes: list[list[ir.Node]] = [[] for _ in self.devices]
         for step in steps:
             if not isinstance(step, Segment):
                 continue
             device, graph = self.devices[step.device], ir.serde.deserialize_model(step.model).graph
             kept[step.device] += kept_per_session(device, graph, self.infos)
             kept[step.device] += kept_per_shared_buffer(device) * len(sharing_nodes(graph, set(step.outputs)))
-            nodes[step.device].extend(graph)
-        return tuple(each + kept_heap(device, run, self.infos)
-                     for each, device, run in zip(kept, self.devices, nodes, strict=True))
+        return tuple(kept)
 
     def _peaks(
         self, steps: list[Step], drops: tuple[tuple[Key, ...], ...], parameters: tuple[int, ...]

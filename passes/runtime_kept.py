@@ -14,26 +14,21 @@ measured).
 Per session, onnxruntime's CPU provider keeps the stack its intra-op worker threads touched: each session has its own
 pool of (intra-op threads - 1) workers (the caller is the last thread), every one with an 8 MiB stack mapping of which
 a GEMM slice run on the worker touches SGEMM_STACK_BYTES (MLAS packs a panel of A, 12 x 128 floats, and one of B,
-128 x 128 floats, on the stack: 70 KiB and the frames), resident from then on: a stack never shrinks. MLAS splits a
-GEMM over one thread per `workspace.THREAD_COMPLEXITY` multiply-adds, and packs no B that onnxruntime prepacked at load
-(a MatMul's or Gemm's initializer). Measured on t5_encoder's training step (dynamo, 256 rows) at its minimum, one
-session per node with 2 threads: each MatMul and Gemm that ran a slice on the worker grew its stack mapping by 72 KiB,
-no other node type by more than 12 KiB; the caller's own stack is touched once per process (the measurement's
-throwaway run).
+128 x 128 floats, on the stack: 70 KiB and the frames), resident from then on: a stack never shrinks. MLAS splits
+each GEMM of a batch (`MlasGemmBatch`: a MatMul whose B has batch dimensions) over one thread per
+`workspace.THREAD_COMPLEXITY` multiply-adds, at least one, and hands the batch's slices to the pool, so that a batch
+of small GEMMs reaches every thread; it packs no B that onnxruntime prepacked at load (a MatMul's or Gemm's
+initializer). Measured on t5_encoder's training step (dynamo, 256 rows) at its minimum, one session per node with 2
+threads: each MatMul and Gemm that ran a slice on the worker grew its stack mapping by 72 KiB, no other node type by
+more than 12 KiB; the caller's own stack is touched once per process (the measurement's throwaway run). A chain of 40
+MatMuls of [2, 4, 16, 16] activations (a batch of 8 GEMMs of 4 Ki multiply-adds, as in the attention of a tiny
+transformer) kept 72-76 KiB with 2 threads in 4 of 5 fresh processes, 0-4 with one; whether the worker takes a slice
+before the caller has run them all is a race, so a process may keep none.
 
-Per device, onnxruntime's CPU provider leaves glibc's main heap touched where the first run served its small tensors
-(blocks under the mmap threshold: `sizes.on_heap`) and their objects: at most the tensors the device's nodes write
-(their data and `sizes.HEAP_TENSOR_BYTES` each, all of them: the run frees them into holes it does not always reuse),
-and at most glibc's top pad (M_TOP_PAD, 128 KiB): when the run outgrows the heap's holes glibc grows the heap by the
-request and the pad, and trims it back to the pad afterwards, the pad's pages touched. Measured with `mallinfo2` and
-the [heap] mapping of /proc/self/smaps around the learning run of `measure_devices` (1 thread, so no worker stack;
-5 fresh processes each, the real exports' minimum-budget inference rewrites): the legacy exports of llama, gpt_mha and
-bert (388, 282 and 297 small node outputs, 145, 109 and 110 KiB with their objects) grew the heap's arena by 132 KiB
-and kept 104, 81 and 69 KiB beyond the shared-buffer term (medians; bert 9-97 over its processes: the heap grows or
-not); gpt's legacy export (136, 51 KiB) and the dynamo exports (0-4, 0-7 KiB) 0-20 KiB. It is a term per device, not
-per session: the sessions of a process share one heap. Not modelled: larger tensors served from a hole the
-compilation left in the heap, which the first run touches through: bert's dynamo training step (one 1.2 MiB hole after
-compiling, kept 1.0-1.1 MiB), mobilenet_v3_small's legacy inference (8 small tensors, kept 70-618 KiB).
+Nothing is counted for glibc's main heap: `measure_devices` gives its free pages back and holds its free chunks
+before the run that learns what is kept, with no top pad, so a run's blocks of a page or more are mapped on their own
+and its smaller ones grow the heap by what they need while they live (`sizes.HEAP_TENSOR_BYTES`); what the first run
+then leaves beside the terms above is 0-8 KiB (docs/measurements.md, "The heap's holes").
 """
 
 from __future__ import annotations
@@ -48,15 +43,13 @@ import onnx_ir as ir
 from onnx_remat.core.devices import Device
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import name_of
-from onnx_remat.passes.sizes import TensorInfo, on_heap
+from onnx_remat.passes.sizes import TensorInfo
 from onnx_remat.passes.workspace import gemm_threads
 
 SHARED_BUFFER_BYTES = 223
 """onnxruntime CPU: bytes kept per node writing into its input's buffer (the median over the eight op types)."""
 SGEMM_STACK_BYTES = 72 * 1024
 """onnxruntime CPU: stack bytes an intra-op worker thread keeps touched after its first GEMM slice."""
-HEAP_TOP_PAD_BYTES = 128 * 1024
-"""glibc's M_TOP_PAD: the most of the main heap a first run that grows it leaves touched above what stays in use."""
 
 
 def kept_per_shared_buffer(device: Device) -> int:
@@ -66,40 +59,44 @@ def kept_per_shared_buffer(device: Device) -> int:
 
 def kept_per_session(device: Device, nodes: Iterable[ir.Node], infos: dict[str, TensorInfo]) -> int:
     """Bytes `device`'s runtime keeps for a session running `nodes`, after its first run: the stacks of the intra-op
-    worker threads that MLAS splits its largest packing GEMM over."""
+    worker threads that MLAS runs slices of its packing GEMMs on."""
     if not _onnxruntime_cpu(device):
         return 0
     threads = intra_op_threads(device)
-    workers = max((gemm_threads(packing_multiply_adds(node, infos), threads) - 1 for node in nodes), default=0)
-    return workers * SGEMM_STACK_BYTES
+    busiest = max((packing_gemm_threads(node, infos, threads) for node in nodes), default=0)
+    return max(busiest - 1, 0) * SGEMM_STACK_BYTES
 
 
-def kept_heap(device: Device, nodes: Iterable[ir.Node], infos: dict[str, TensorInfo]) -> int:
-    """Bytes of glibc's main heap `device`'s runtime leaves touched after its first run of `nodes` (all its sessions'):
-    the heap-served tensors the nodes write, with their objects, at most glibc's top pad."""
-    if not _onnxruntime_cpu(device):
+def packing_gemm_threads(node: ir.Node, infos: dict[str, TensorInfo], threads: int) -> int:
+    """Threads of a pool of `threads` that MLAS runs slices of the node's GEMMs on, where it packs B on the stack (0
+    for a node that packs none): each GEMM of its batch split over `workspace.gemm_threads` of its multiply-adds
+    (rounded up to whole threads per GEMM, as `MlasGemmBatch` does), all the batch's slices handed to the pool."""
+    gemm = packing_gemm(node, infos)
+    if gemm is None:
         return 0
-    names = {name_of(value) for node in nodes for value in node.outputs}
-    served = sum(infos[name].allocated_bytes for name in names if name in infos and on_heap(infos[name].nbytes))
-    return min(served, HEAP_TOP_PAD_BYTES)
+    multiply_adds, batch = gemm
+    per_gemm = -(-gemm_threads(multiply_adds, threads) // batch)
+    return min(per_gemm * batch, threads)
 
 
-def packing_multiply_adds(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
-    """Multiply-adds of a node whose MLAS SGEMM packs its B on the stack, else 0: a Conv (B is its im2col matrix), a
-    ConvTranspose, a MatMul or Gemm whose B is not an initializer."""
+def packing_gemm(node: ir.Node, infos: dict[str, TensorInfo]) -> tuple[int, int] | None:
+    """(multiply-adds of one GEMM, GEMMs in the batch) of a node whose MLAS SGEMM packs its B on the stack, else
+    None: a Conv (B is its im2col matrix), a ConvTranspose, a MatMul or Gemm whose B is not an initializer. A MatMul
+    whose B has batch dimensions is a batch of GEMMs; one whose B is a matrix, A's rows flattened into one."""
     names = [name_of(value) for value in [*node.inputs[:2], *node.outputs[:1]]]
     if len(names) < 3 or any(name not in infos for name in names):
-        return 0
+        return None
     a, b, out = (infos[name] for name in names)
     if node.op_type == "Conv":
-        return out.numel * math.prod(b.shape[1:])
+        return out.numel * math.prod(b.shape[1:]), 1
     if node.op_type == "ConvTranspose":
-        return a.numel * math.prod(b.shape[1:])
+        return a.numel * math.prod(b.shape[1:]), 1
     weight = node.inputs[1]
     if node.op_type in ("MatMul", "Gemm") and a.shape and weight is not None and not weight.is_initializer():
         transposed = node.op_type == "Gemm" and node.attributes.get_int("transA", 0) == 1
-        return out.numel * a.shape[0 if transposed else -1]
-    return 0
+        batch = math.prod(out.shape[:-2]) if node.op_type == "MatMul" and len(b.shape) > 2 else 1
+        return out.numel // max(batch, 1) * a.shape[0 if transposed else -1], max(batch, 1)
+    return None
 
 
 def intra_op_threads(device: Device) -> int:

@@ -14,7 +14,7 @@ from onnx_remat.core.devices import get_devices
 from onnx_remat.models import FIXTURES, build
 from onnx_remat.passes.measure import held_before_run, predicted_activation_peak
 from onnx_remat.passes.rewrite import rewrite
-from onnx_remat.passes.runtime_kept import kept_heap, kept_per_session
+from onnx_remat.passes.runtime_kept import kept_per_session
 from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.sizes import tensor_infos
 from onnx_remat.passes.solve.baselines import chen_segments, chen_sqrt_n, frontier_only, keep_all, prune_unread
@@ -48,8 +48,7 @@ def peaks(prepared, graph, schedule) -> tuple[int, int]:
     schedule = prune_unread(problem, schedule)
     model = rewrite(prepared.model, graph.opmap, schedule, problem.devices)
     device, infos = get_devices(None)[0], tensor_infos(prepared.model)
-    kept = kept_per_session(device, prepared.model.graph, infos) + kept_heap(device, prepared.model.graph, infos)
-    resident = held_before_run(model) + kept
+    resident = held_before_run(model) + kept_per_session(device, prepared.model.graph, infos)
     return simulate(problem, schedule).peak_bytes[0] - resident, predicted_activation_peak(model)
 
 

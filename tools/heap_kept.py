@@ -1,11 +1,12 @@
-"""What the main heap keeps after a first run, beside `runtime_kept.kept_heap`: zoo rewrites measured with mallinfo2.
+"""What the main heap keeps after a first run, beside what the predictions count: zoo rewrites measured with mallinfo2.
 
 Each model of the zoo (`name:exporter:mode`) is rewritten at `--budget` and run by `measure_devices`'s child steps on
 one onnxruntime CPU device with one thread (no worker-thread stack) in `--repeats` fresh processes. Around the run
 that learns what is kept the child reads glibc's `mallinfo2` and the [heap] mapping's resident bytes. The table gives
 the rewrite's small node outputs (served from the heap) and their bytes with objects, the predicted kept bytes (the
-shared-buffer and heap terms) and the heap term alone, and the medians (ranges) of the kept bytes, the heap's resident
-growth and the arena's growth (132 KiB: glibc grew the heap and trimmed it back to its top pad).
+shared-buffer term), and the medians (ranges) of the kept bytes, the heap's resident growth, the arena's growth, and
+the milliseconds a `malloc_trim(0)` takes in the child beside those of the measurement's trim and hold of the heap's
+free chunks (`measure_devices._release_heap_holes`).
 
     python tools/heap_kept.py llama:legacy:infer gpt_mha:legacy:infer bert:dynamo:train --repeats 5
 """
@@ -20,11 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from rich.console import Console
 from rich.table import Table
 
@@ -33,7 +34,6 @@ from onnx_remat.execution import input_values
 from onnx_remat.passes import load, measure_devices
 from onnx_remat.passes.measure import MALLOC_ENV
 from onnx_remat.passes.run_devices import build_plan, compile_plan, run_plan
-from onnx_remat.passes.runtime_kept import kept_heap
 from onnx_remat.passes.sizes import on_heap, tensor_infos
 from onnx_remat.pipeline import TrainingOptions, remat
 
@@ -59,7 +59,8 @@ def heap_resident() -> int:
 
 
 def child(folder: Path) -> dict[str, int]:
-    """`measure_devices._child`'s steps up to the learning run, with the heap read around it."""
+    """`measure_devices._child`'s steps up to the learning run, with the heap read around it, and the microseconds a
+    `malloc_trim(0)` alone takes there beside those of `measure_devices._release_heap_holes` (trim and hold)."""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     plan = build_plan(onnx.load(str(folder / "model.onnx")), (DEVICE,))
@@ -67,10 +68,15 @@ def child(folder: Path) -> dict[str, int]:
         feeds = {name: data[name] for name in data.files}
     run_plan(plan, *compile_plan(plan), feeds)
     runtimes, calls = compile_plan(plan)
-    measure_devices._release_heap_holes()
+    start = time.perf_counter()
+    libc.malloc_trim(0)
+    trimmed = time.perf_counter()
+    measure_devices._release_heap_holes()  # trims again, then holds the free chunks
+    held = time.perf_counter()
     heap, arena, kept = heap_resident(), libc.mallinfo2().arena, [0]
     run_plan(plan, runtimes, calls, feeds, measure_devices._Watch(plan, runtimes, kept, learn_kept=True))
-    return {"kept": kept[0], "heap": heap_resident() - heap, "arena": libc.mallinfo2().arena - arena}
+    return {"kept": kept[0], "heap": heap_resident() - heap, "arena": libc.mallinfo2().arena - arena,
+            "trim_us": int((trimmed - start) * 1e6), "hold_us": int((held - trimmed) * 1e6)}
 
 
 def measure(spec: str, budget: str, repeats: int, workdir: Path) -> list[str]:
@@ -93,17 +99,21 @@ def measure(spec: str, budget: str, repeats: int, workdir: Path) -> list[str]:
     small = {out for node in plan.model.graph.node for out in node.output
              if out in infos and on_heap(infos[out].nbytes)}
     samples = [_in_fresh_process(folder) for _ in range(repeats)]
-    heap_term = kept_heap(DEVICE, ir.from_proto(plan.model).graph, infos)
     return [spec, str(len(plan.model.graph.node)), str(len(small)),
             f"{sum(infos[out].allocated_bytes for out in small) / 1024:.0f}", f"{plan.kept_bytes[0] / 1024:.0f}",
-            f"{heap_term / 1024:.0f}",
-            *(_kib([sample[key] for sample in samples]) for key in ("kept", "heap", "arena"))]
+            *(_kib([sample[key] for sample in samples]) for key in ("kept", "heap", "arena")),
+            *(_ms([sample[key] for sample in samples]) for key in ("trim_us", "hold_us"))]
 
 
 def _in_fresh_process(folder: Path) -> dict[str, int]:
     done = subprocess.run([sys.executable, "-P", __file__, "--child", str(folder)], capture_output=True, text=True,
                           env=dict(os.environ, **MALLOC_ENV), check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _ms(microseconds: list[int]) -> str:
+    low, high = min(microseconds) / 1000, max(microseconds) / 1000
+    return f"{statistics.median(microseconds) / 1000:.1f} ({low:.1f}-{high:.1f})"
 
 
 def _kib(values: list[int]) -> str:
@@ -121,8 +131,9 @@ def main() -> None:
         print(json.dumps(child(args.child)))
         return
     table = Table(title=f"the main heap after the first run, one thread, median (range) of {args.repeats} processes")
-    for column in ("model", "nodes", "small node outputs", "their KiB", "predicted kept KiB", "heap term KiB",
-                   "kept KiB", "heap resident growth KiB", "arena growth KiB"):
+    for column in ("model", "nodes", "small node outputs", "their KiB", "predicted kept KiB",
+                   "kept KiB", "heap resident growth KiB", "arena growth KiB", "malloc_trim ms",
+                   "trim and hold ms"):
         table.add_column(column, justify="left" if column == "model" else "right")
     with tempfile.TemporaryDirectory() as workdir:
         for spec in args.models:

@@ -72,6 +72,10 @@ def compare(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     outcome.gradient_error = max(errors)
     outcome.gradients_compared = len(errors) - 1
     outcome.gradients_written = sum(k.startswith(GRAD_PREFIX) for k in built)
+    unwritten = unwritten_gradients(model, built)
+    if unwritten:
+        outcome.errors.append(f"{len(unwritten)} parameters with a gradient in autograd have none in the step "
+                              f"(first: {unwritten[0]})")
     model32, _ = module(name)
     torch_loss, torch_grads = autograd_step(model32, list(inputs.values()), LOSS, feeds["label"], torch.float32)
     outcome.torch_float32_error = max(gradient_errors(
@@ -83,6 +87,16 @@ def compare(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     outcome.train_recomputes = recomputes(result.model)
     rewritten = run(result.model, feeds)
     outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
+
+
+def unwritten_gradients(model: torch.nn.Module, built: dict[str, np.ndarray]) -> list[str]:
+    """The parameters autograd gave a gradient whose gradient the step writes under none of their names (a tied one
+    has several)."""
+    names: dict[int, list[str]] = {}
+    for key, parameter in model.named_parameters(remove_duplicate=False):
+        if parameter.grad is not None:
+            names.setdefault(id(parameter), []).append(key)
+    return [keys[0] for keys in names.values() if not any(GRAD_PREFIX + key in built for key in keys)]
 
 
 COLUMNS = ("model", "exporter", "grads compared / written", "grad error", "precision", "torch float32 error",

@@ -37,6 +37,8 @@ from real_model_zoo import import_torchvision
 
 BATCH, TOKENS, VOCAB = 2, 16, 500
 Built = tuple[torch.nn.Module, dict[str, torch.Tensor]]
+ESCAPE = r"\x1b\[[0-9;]*m"
+"""A terminal colour code: the dynamo exporter colours its error messages."""
 
 
 def _models() -> dict[str, Callable[[], Built]]:
@@ -188,7 +190,7 @@ def export(name: str, exporter: str, path: Path, training: bool = False) -> str:
                               dynamo=exporter == "dynamo", input_names=list(inputs), output_names=["output"],
                               do_constant_folding=False, **extra)
     except Exception as error:  # noqa: BLE001  # the exporter's own failure is a row of the table
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        return f"{type(error).__name__}: {re.sub(ESCAPE, '', str(error).splitlines()[0])[:120]}"
     return ""
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from real_model_zoo import ARCHITECTURES  # noqa: E402
-from real_models import check  # noqa: E402
+from real_models import check, to_double  # noqa: E402
 
 SOLVE_SECONDS = 2.0
 """Each solve stops by then with its best schedule, which is checked: nothing here waits for a proof."""
@@ -44,3 +48,23 @@ def test_real_model(name: str, exporter: str, tmp_path: Path) -> None:
     assert outcome.gradients_compared > 0
     if name in BELOW_KEEP_ALL:
         assert outcome.train_recomputes
+
+
+def test_to_double_widens_casts_and_constant_of_shape() -> None:
+    """A float32 model's Cast to float32 and ConstantOfShape value (HF's masks and scales) become float64, as the
+    module's `.to(float64)` computes them: else the float64 step mixes types and fails shape inference."""
+    fill = helper.make_tensor("fill", onnx.TensorProto.FLOAT, [1], [0.5])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["ids"], ["scale"], to=onnx.TensorProto.FLOAT),
+         helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("ConstantOfShape", ["shape"], ["offset"], value=fill),
+         helper.make_node("Mul", ["x", "scale"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "offset"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3]),
+              helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])])
+    wide = to_double(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.shape_inference.infer_shapes(wide, check_type=True, strict_mode=True)
+    (y,) = ReferenceEvaluator(wide).run(None, {"x": np.array([1.0, 2.0, 3.0]), "ids": np.array([1, 2, 3])})
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y, np.array([1.5, 4.5, 9.5]))

@@ -37,6 +37,8 @@ from real_model_zoo import import_torchvision
 
 BATCH, TOKENS, VOCAB = 2, 16, 500
 Built = tuple[torch.nn.Module, dict[str, torch.Tensor]]
+ESCAPE = r"\x1b\[[0-9;]*m"
+"""A terminal colour code: the dynamo exporter colours its error messages."""
 
 
 def _models() -> dict[str, Callable[[], Built]]:
@@ -122,10 +124,13 @@ def _models() -> dict[str, Callable[[], Built]]:
 
 
 def _without_dropout(config: Any) -> Any:
-    """`config` with every dropout probability zero: models that call functional dropout (OPT, BART) would otherwise
-    export training-mode Dropout nodes, whose masks differ from run to run, so no two runs could be compared."""
+    """`config` with every dropout probability, stochastic depth rate (Swin, SegFormer) and SpecAugment masking
+    probability (wav2vec 2.0) zero: models that call functional dropout (OPT, BART) would otherwise export
+    training-mode Dropout nodes, and the others draw their drops and masks in forward, which differ from run to run,
+    so no two runs (nor an export and autograd) could be compared."""
     for key, value in config.to_dict().items():
-        if isinstance(value, float) and ("dropout" in key or "pdrop" in key or key == "layerdrop"):
+        if isinstance(value, float) and ("dropout" in key or "pdrop" in key or "drop_path" in key
+                                         or key in ("layerdrop", "mask_time_prob", "mask_feature_prob")):
             setattr(config, key, 0.0)
     return config
 
@@ -156,23 +161,36 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def export(name: str, exporter: str, path: Path) -> str:
-    """Write `name` with `exporter` ("legacy" or "dynamo") to `path`; "" or the exporter's error in one line."""
+def module(name: str) -> tuple[FirstOutput, dict[str, torch.Tensor]]:
+    """The model `name` (seeded weights, no cache, every dropout off, in training mode) as the exporters see it, and
+    its named example inputs. Every parameter gets seeded noise: initialized alike (LayerNorm's ones, zero biases),
+    the legacy exporter writes them as one initializer, whose gradient is then no single parameter's."""
     torch.manual_seed(0)
     model, inputs = _models()[name]()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter), alpha=0.02)
     model.config.use_cache = False
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    for part in model.modules():
+        if isinstance(part, torch.nn.Dropout):
+            part.p = 0.0
     model.train()
-    extra = {"external_data": False} if exporter == "dynamo" else {}
+    return FirstOutput(model, list(inputs)), inputs
+
+
+def export(name: str, exporter: str, path: Path, training: bool = False) -> str:
+    """Write `name` with `exporter` ("legacy" or "dynamo") to `path`; "" or the exporter's error in one line. For
+    `training` the dynamo exporter's optimizer is off: it stores weights transposed or sliced under new names and
+    lifts constants into initializers, which a training step would train."""
+    model, inputs = module(name)
+    extra = {"external_data": False, "optimize": not training} if exporter == "dynamo" else {}
     try:
         with _stdout_to_stderr():  # the exporter's progress lines and graph dumps stay out of the table
-            torch.onnx.export(FirstOutput(model, list(inputs)), tuple(inputs.values()), str(path),
+            torch.onnx.export(model, tuple(inputs.values()), str(path),
                               dynamo=exporter == "dynamo", input_names=list(inputs), output_names=["output"],
                               do_constant_folding=False, **extra)
     except Exception as error:  # noqa: BLE001  # the exporter's own failure is a row of the table
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        return f"{type(error).__name__}: {re.sub(ESCAPE, '', str(error).splitlines()[0])[:120]}"
     return ""
 
 

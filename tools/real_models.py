@@ -143,14 +143,21 @@ def check_inference(name: str, path: Path, outcome: Outcome, time_limit: float) 
 
 
 def torch_gradients(name: str, label: np.ndarray | None, dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
-    """The module's loss and parameter gradients in training mode and in `dtype`, from PyTorch autograd (`label`
+    """The zoo module's loss and parameter gradients in training mode and in `dtype`, from PyTorch autograd (`label`
     None for the loss "sum")."""
     module, _ = make(name)
-    module.train().to(dtype)
     torch.manual_seed(1)
-    inputs = [x.to(dtype) if x.is_floating_point() else x for x in architecture(name).inputs()]
-    output = module(*inputs)
-    kind = architecture(name).loss
+    return autograd_step(module, architecture(name).inputs(), architecture(name).loss, label, dtype)
+
+
+def autograd_step(module: nn.Module, inputs: list[torch.Tensor], kind: str, label: np.ndarray | None,
+                  dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
+    """`module`'s loss (`kind`, or "sum" where `label` is None) and parameter gradients in training mode and in
+    `dtype`, from PyTorch autograd, under every name of a tied parameter (an LM head sharing the embedding:
+    exporters write either)."""
+    module.train().to(dtype)
+    module.zero_grad(set_to_none=True)
+    output = module(*[x.to(dtype) if x.is_floating_point() else x for x in inputs])
     if label is None:
         loss = output.sum()
     else:
@@ -158,7 +165,6 @@ def torch_gradients(name: str, label: np.ndarray | None, dtype: torch.dtype) -> 
         target = target.to(dtype) if target.is_floating_point() else target
         loss = F.cross_entropy(output, target) if kind == "cross-entropy" else F.mse_loss(output, target)
     loss.backward()
-    # Under every name of a tied parameter (an LM head sharing the embedding): exporters write either.
     grads = {k: p.grad.numpy() for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
     return loss.item(), grads
 
@@ -175,14 +181,18 @@ def gradient_errors(built: dict[str, np.ndarray], loss: float, grads: dict[str, 
 
 
 def to_double(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with float32 initializers, Constant values, inputs and outputs in float64."""
+    """A copy with float32 initializers, Constant and ConstantOfShape values, Casts to float32, inputs and outputs in
+    float64 (a module's `.to(float64)` casts to float64 where it cast to float32: HF's masks and scales)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    tensors = [*copy.graph.initializer, *(a.t for n in copy.graph.node if n.op_type == "Constant"
+    tensors = [*copy.graph.initializer, *(a.t for n in copy.graph.node if n.op_type in ("Constant", "ConstantOfShape")
                                           for a in n.attribute if a.name == "value")]
     for t in tensors:
         if t.data_type == onnx.TensorProto.FLOAT:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for a in (a for n in copy.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"):
+        if a.i == onnx.TensorProto.FLOAT:
+            a.i = onnx.TensorProto.DOUBLE
     for value in [*copy.graph.input, *copy.graph.output]:
         if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
             value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
@@ -220,15 +230,22 @@ writes it as an initializer even with its optimizer off, and a user training the
 
 
 def frozen_constants(name: str, path: Path) -> tuple[str, ...]:
-    """What a user training the model freezes: its lifted constants' pattern, if it has any, and the module's float
-    buffers other than BatchNorm's statistics (rotary cos/sin tables, sinusoidal positions) that the exporter wrote
-    as initializers, which the training step would otherwise train like weights."""
-    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer]
+    """What a user training the zoo model at `path` freezes (`frozen_in`)."""
     module, _ = make(name)
+    return frozen_in(module, path)
+
+
+def frozen_in(module: nn.Module, path: Path) -> tuple[str, ...]:
+    """What a user training `module`, exported to `path`, freezes: its lifted constants' pattern, if it has any, the
+    module's float buffers other than BatchNorm's statistics (rotary cos/sin tables, sinusoidal positions) and its
+    parameters that need no gradient (Whisper's sinusoidal positions) that the exporter wrote as initializers, which
+    the training step would otherwise train like weights."""
+    names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer]
     statistics = {f"{prefix}.{key}".lstrip(".") for prefix, m in module.named_modules()
                   if isinstance(m, nn.modules.batchnorm._BatchNorm) for key, _ in m.named_buffers(recurse=False)}
     buffers = [key for key, b in module.named_buffers() if b.is_floating_point() and key not in statistics]
-    return ((LIFTED,) if fnmatch.filter(names, LIFTED) else ()) + tuple(key for key in buffers if key in names)
+    fixed = [key for key, p in module.named_parameters() if not p.requires_grad]
+    return ((LIFTED,) if fnmatch.filter(names, LIFTED) else ()) + tuple(key for key in buffers + fixed if key in names)
 
 
 def check_training(name: str, path: Path, outcome: Outcome, time_limit: float, budget: str = "50%") -> None:

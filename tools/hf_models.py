@@ -14,7 +14,7 @@ run's predicted and measured peak against the budget, its verdict and the larges
 exporter fails in PyTorch itself on the causal language models of transformers 5 (`aten::diff`); the table says so.
 
     python tools/hf_models.py [--models gpt2,bert,llama] [--modes infer,train]
-        [--time-limit 30] [--out DIR]
+        [--time-limit 30] [--batch 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -41,24 +41,24 @@ ESCAPE = r"\x1b\[[0-9;]*m"
 """A terminal colour code: the dynamo exporter colours its error messages."""
 
 
-def _models() -> dict[str, Callable[[], Built]]:
-    """Name -> a builder of (model, named example inputs)."""
+def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
+    """Name -> a builder of (model, named example inputs of `batch` rows)."""
     import_torchvision()  # transformers imports torchvision, whose compiled ops need their schemas first
     import transformers as hf
 
     def tokens() -> dict[str, torch.Tensor]:
-        return {"input_ids": torch.randint(0, VOCAB, (BATCH, TOKENS))}
+        return {"input_ids": torch.randint(0, VOCAB, (batch, TOKENS))}
 
     def padded() -> dict[str, torch.Tensor]:
-        mask = torch.ones(BATCH, TOKENS, dtype=torch.int64)
+        mask = torch.ones(batch, TOKENS, dtype=torch.int64)
         mask[1, TOKENS * 5 // 8:] = 0
         return {**tokens(), "attention_mask": mask}
 
     def images() -> dict[str, torch.Tensor]:
-        return {"pixel_values": torch.randn(BATCH, 3, 32, 32)}
+        return {"pixel_values": torch.randn(batch, 3, 32, 32)}
 
     def seq2seq() -> dict[str, torch.Tensor]:
-        return {**tokens(), "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, TOKENS // 2))}
+        return {**tokens(), "decoder_input_ids": torch.randint(0, VOCAB, (batch, TOKENS // 2))}
 
     def build(model_class: type, config: Any, inputs: Callable[[], dict[str, torch.Tensor]]) -> Built:
         return model_class(_without_dropout(config)), inputs()
@@ -100,13 +100,13 @@ def _models() -> dict[str, Callable[[], Built]]:
                               seq2seq),
         "whisper": lambda: build(hf.WhisperForConditionalGeneration, hf.WhisperConfig(
             **two_by_two, num_mel_bins=16, max_source_positions=16, max_target_positions=16),
-            lambda: {"input_features": torch.randn(BATCH, 16, 32),
-                     "decoder_input_ids": torch.randint(0, VOCAB, (BATCH, TOKENS // 2))}),
+            lambda: {"input_features": torch.randn(batch, 16, 32),
+                     "decoder_input_ids": torch.randint(0, VOCAB, (batch, TOKENS // 2))}),
         "clip_vision": lambda: build(hf.CLIPVisionModel, hf.CLIPVisionConfig(**encoder, image_size=32, patch_size=8),
                                      images),
         "wav2vec2": lambda: build(hf.Wav2Vec2Model, hf.Wav2Vec2Config(
             **encoder, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=4), lambda: {"input_values": torch.randn(BATCH, 800)}),
+            num_conv_pos_embedding_groups=4), lambda: {"input_values": torch.randn(batch, 800)}),
         "convnext": lambda: build(hf.ConvNextForImageClassification, hf.ConvNextConfig(
             hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, num_labels=10, image_size=32), images),
         "swin": lambda: build(hf.SwinForImageClassification, hf.SwinConfig(
@@ -161,12 +161,12 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def module(name: str) -> tuple[FirstOutput, dict[str, torch.Tensor]]:
+def module(name: str, batch: int = BATCH) -> tuple[FirstOutput, dict[str, torch.Tensor]]:
     """The model `name` (seeded weights, no cache, every dropout off, in training mode) as the exporters see it, and
     its named example inputs. Every parameter gets seeded noise: initialized alike (LayerNorm's ones, zero biases),
     the legacy exporter writes them as one initializer, whose gradient is then no single parameter's."""
     torch.manual_seed(0)
-    model, inputs = _models()[name]()
+    model, inputs = _models(batch)[name]()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter), alpha=0.02)
@@ -178,11 +178,11 @@ def module(name: str) -> tuple[FirstOutput, dict[str, torch.Tensor]]:
     return FirstOutput(model, list(inputs)), inputs
 
 
-def export(name: str, exporter: str, path: Path, training: bool = False) -> str:
+def export(name: str, exporter: str, path: Path, training: bool = False, batch: int = BATCH) -> str:
     """Write `name` with `exporter` ("legacy" or "dynamo") to `path`; "" or the exporter's error in one line. For
     `training` the dynamo exporter's optimizer is off: it stores weights transposed or sliced under new names and
     lifts constants into initializers, which a training step would train."""
-    model, inputs = module(name)
+    model, inputs = module(name, batch)
     extra = {"external_data": False, "optimize": not training} if exporter == "dynamo" else {}
     try:
         with _stdout_to_stderr():  # the exporter's progress lines and graph dumps stay out of the table
@@ -226,6 +226,8 @@ def main() -> None:
     parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--time-limit", type=float, default=30)
+    parser.add_argument("--batch", type=int, default=BATCH, help="rows per input: at the default 2 the tensors are a "
+                        "few KiB, near the measurement's resolution; 32 or more for memory figures")
     parser.add_argument("--out", type=Path, help="keep the exports and rewrites here (default: a temporary folder)")
     args = parser.parse_args()
     print("| model | exporter | mode | rewrite exit | s | recomputed nodes | run predicted | measured / budget "
@@ -237,7 +239,7 @@ def main() -> None:
         for name in args.models.split(",") if args.models else _models():
             for exporter in ("dynamo", "legacy"):
                 path = folder / f"{name}_{exporter}.onnx"
-                failed = export(name, exporter, path)
+                failed = export(name, exporter, path, batch=args.batch)
                 for mode in args.modes.split(","):
                     cells = ["-", "-", "-", "-", "-", f"export failed: {failed}", "-"] if failed else \
                         row(path, mode, args.time_limit, folder)

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnx_remat
 from onnx_remat.core.devices import Device
 from onnx_remat.execution import input_values
-from onnx_remat.passes.measure import MALLOC_ENV
+from onnx_remat.passes.measure import MEASURING_ENV
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
 from onnx_remat.passes.runtime_kept import SGEMM_STACK_BYTES, kept_per_session
@@ -100,7 +100,7 @@ def test_the_measurement_maps_a_block_of_a_page_or_more_whatever_holes_the_heap_
     once `measure_devices` holds the heap's free chunks (and sets no top pad) the block is mapped on its own, as the
     predictions count it."""
     done = subprocess.run([sys.executable, "-c", HOLE_THEN_BLOCK, heap], capture_output=True, text=True, check=True,
-                          env=dict(os.environ, **MALLOC_ENV))
+                          env=dict(os.environ, **MEASURING_ENV))
     assert json.loads(done.stdout) is in_heap
 
 

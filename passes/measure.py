@@ -13,6 +13,13 @@ the measured peak then drops to a fraction of the live tensors. At a 64 KiB thre
 training step (BatchNorm statistics and gradients, late DenseNet blocks) fragment the heap instead: the first run
 left 3.8-4.2 MiB of it resident on DenseNet-121's minimum-budget training step, which `measure_devices` counts as
 kept by the runtime (1.4-1.5 MiB at 4 KiB, 2.2-2.4 at 16 KiB, 1.2 at 1 KiB where a 1 KiB tensor takes a page).
+
+The child also runs with onnxruntime's telemetry off (`ORT_DISABLE_TELEMETRY`). Importing onnxruntime 1.32 on Linux
+starts a thread that, at a moment set by a timer, sends the telemetry events over HTTP (libcurl, linked into
+onnxruntime): name lookups, two resolver threads, their stacks and buffers, and code paged in from onnxruntime and
+libc, about 0.4-0.5 MiB of resident set that no run of a model needs. Where the moment lands depends on how fast the
+child gets there: during a watched step it raises that step's high-water mark, during `measure_devices`' learning run
+it is counted as kept and added to every watched run.
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": "0"}
+MEASURING_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": "0", "ORT_DISABLE_TELEMETRY": "1",
+}
+"""The environment of a measuring child: glibc's thresholds (above), and onnxruntime's telemetry off (below)."""
 
 
 def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: int = 1) -> int:
@@ -89,7 +99,7 @@ def held_before_run(model: onnx.ModelProto) -> int:
 
 def _measure_once(model_path: Path, threads: int, env: dict[str, str] | None = None) -> int:
     """One measurement in a child process (this module run as a script)."""
-    environment = dict(os.environ, **(MALLOC_ENV if env is None else env), OMP_NUM_THREADS=str(threads))
+    environment = dict(os.environ, **(MEASURING_ENV if env is None else env), OMP_NUM_THREADS=str(threads))
     done = subprocess.run(
         [sys.executable, "-P", "-m", "onnx_remat.passes.measure", str(model_path), str(threads)],
         capture_output=True, text=True, env=environment, check=True,

@@ -2,11 +2,11 @@
 
 Both engines share one process, whose resident set (RSS) cannot be split by device as a whole; the steps can be:
 a segment runs on one device, so what the process's memory rises by while it runs is that device's. The child
-(this module run as a script, with `measure.MALLOC_ENV` so that freed tensors leave the resident set at once)
-runs the plan once on throwaway compilations (the engines' one-time initialization), compiles every segment again,
-runs the plan once (the warm-up) and then `runs` times watched step by step (`run_devices.Probe`). Around every
-step it resets the high-water mark (`5` into /proc/self/clear_refs) and reads VmRSS; after it VmHWM. A device's
-measured peak at a step is
+(this module run as a script, with `measure.MEASURING_ENV` so that freed tensors leave the resident set at once
+and no telemetry thread of onnxruntime allocates during a step) runs the plan once on throwaway compilations (the
+engines' one-time initialization), compiles every segment again, runs the plan once (the warm-up) and then `runs`
+times watched step by step (`run_devices.Probe`). Around every step it resets the high-water mark (`5` into
+/proc/self/clear_refs) and reads VmRSS; after it VmHWM. A device's measured peak at a step is
 
     parameter bytes its segments read (`Plan.parameter_bytes`; the engines' own copies of them are not counted)
   + bytes the values the executor holds on the device take (`resident_bytes`: a value glibc mapped on its own takes
@@ -63,7 +63,7 @@ import onnxruntime as ort
 
 from onnx_remat.core.devices import Device
 from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES
-from onnx_remat.passes.measure import MALLOC_ENV, reset_high_water_mark, status_bytes
+from onnx_remat.passes.measure import MEASURING_ENV, reset_high_water_mark, status_bytes
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, PAGE_BYTES
@@ -114,9 +114,10 @@ def _measuring_folder(plan: Plan, feeds: dict[str, np.ndarray]) -> Iterator[Path
         yield folder
 
 
-def _measure_in(folder: Path, runs: int) -> MeasuredPeaks:
-    """Run the child in a fresh process on what `folder` holds: its measured peaks (median of `runs`)."""
-    environment = dict(os.environ, **MALLOC_ENV)
+def _measure_in(folder: Path, runs: int, env: dict[str, str] = MEASURING_ENV) -> MeasuredPeaks:
+    """Run the child in a fresh process on what `folder` holds, with `env` added to this process's environment: its
+    measured peaks (median of `runs`)."""
+    environment = dict(os.environ, **env)
     done = subprocess.run(
         [sys.executable, "-P", "-m", "onnx_remat.passes.measure_devices", str(folder), str(runs)],
         capture_output=True, text=True, env=environment,

@@ -13,7 +13,7 @@ from onnx import helper
 
 PAGE_BYTES = 4096
 MMAP_THRESHOLD = PAGE_BYTES
-"""glibc maps a block this large or larger on its own (the measurement sets it: `measure.MALLOC_ENV`)."""
+"""glibc maps a block this large or larger on its own (the measurement sets it: `measure.MEASURING_ENV`)."""
 ALIGNED_BLOCK_OVERHEAD = 96
 """Bytes glibc asks for beyond a tensor's data: onnxruntime aligns it to 64 bytes, and an aligned block takes that
 much slack and a minimum chunk (32) more; the data then starts 64 bytes into its first page."""

@@ -32,7 +32,7 @@ from rich.table import Table
 from onnx_remat.core.devices import Device
 from onnx_remat.execution import input_values
 from onnx_remat.passes import load, measure_devices
-from onnx_remat.passes.measure import MALLOC_ENV
+from onnx_remat.passes.measure import MEASURING_ENV
 from onnx_remat.passes.run_devices import build_plan, compile_plan, run_plan
 from onnx_remat.passes.sizes import on_heap, tensor_infos
 from onnx_remat.pipeline import TrainingOptions, remat
@@ -107,7 +107,7 @@ def measure(spec: str, budget: str, repeats: int, workdir: Path) -> list[str]:
 
 def _in_fresh_process(folder: Path) -> dict[str, int]:
     done = subprocess.run([sys.executable, "-P", __file__, "--child", str(folder)], capture_output=True, text=True,
-                          env=dict(os.environ, **MALLOC_ENV), check=True)
+                          env=dict(os.environ, **MEASURING_ENV), check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

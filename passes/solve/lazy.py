@@ -58,6 +58,8 @@ def solve_lazily(
     while True:
         model = build_model(problem, stages=followed)
         warm = start(model)
+        if stop.is_set():  # during the start's wait (the portfolio's CP-SAT proved, or time ran out): HiGHS not run
+            return LazyOutcome(warm, SolveStatus.INTERRUPTED, bound)
         left = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - began))
         outcome = solve_highs(model.milp, left, None if warm is None else model.assignment(warm),
                               _bound_only(report, model.objective_unit), gaps, stop, grace=grace)

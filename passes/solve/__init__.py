@@ -2,8 +2,8 @@
 
 `solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
 and the eviction heuristic; with several devices also each device solved alone), runs the backend ("auto" on one
-device: HiGHS and CP-SAT on retention intervals at once, portfolio.py) and checks
-the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
+device: HiGHS on the MILP's stage relaxation, lazy.py, and CP-SAT on retention intervals at once, portfolio.py) and
+checks the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
 and the best heuristic schedule is the answer. Before the backend runs, the memory-cut bound (lower_bound.py) is
 proven, which spares the backend where it shows the heuristics' schedule optimal; the stated bound is the
 backend's or that one, whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best
@@ -68,7 +68,8 @@ after the deadline timer)."""
 
 
 PORTFOLIO = "portfolio"
-"""The name "auto" resolves to on one device, reported as the solver: HiGHS and CP-SAT on intervals at once."""
+"""The name "auto" resolves to on one device, reported as the solver: HiGHS on the MILP's stage relaxation and CP-SAT
+on intervals at once."""
 
 STOPS_AT_BOUND = ("highs", "cpsat", PORTFOLIO)
 """Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CBC: a stop does not stop it."""
@@ -103,9 +104,9 @@ def _left(time_limit: float, start: float) -> float:
 
 
 def choose_backend(problem: Problem) -> str:
-    """The backend "auto" runs: on one device the portfolio of HiGHS and CP-SAT on intervals (portfolio.py), on
-    several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than CP-SAT on the MILP
-    (docs/measurements.md)."""
+    """The backend "auto" runs: on one device the portfolio of HiGHS (on the MILP's stage relaxation) and CP-SAT on
+    intervals (portfolio.py), on several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20,
+    than CP-SAT on the MILP (docs/measurements.md)."""
     return PORTFOLIO if problem.num_devices == 1 else "highs"
 
 

@@ -18,6 +18,7 @@ from test_solver import (
     with_budget,
 )
 
+from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import check_schedule, simulate
@@ -84,3 +85,15 @@ def test_lazy_optimum_equals_the_full_milps_at_half_budget(graph: Problem):
     assert outcome.schedule.recompute_count() > 0
     full = solve(problem, "highs")
     assert check_schedule(problem, outcome.schedule).total_cost == pytest.approx(full.model_objective)
+
+
+def test_auto_proves_a_budget_below_the_minimum_infeasible():
+    """Below its minimum the MILP has no schedule; the relaxations, however many stages they follow, prove it (the
+    last of them is the MILP), and `auto` says which budget is the least."""
+    problem = make_problem(5, [(0, 1), (0, 4), (1, 2), (1, 3), (2, 4)], [5, 5, 2, 5, 3], [1] * 5)
+    minimum = brute_force(problem, "peak")
+    below = with_budget(problem, minimum - 1)
+    assert solve_lazily(below, None, lambda model: None, None, GAPS, threading.Event(), 0.0).status == "infeasible"
+    with pytest.raises(InfeasibleBudgetError) as error:
+        solve(below, "auto")
+    assert error.value.minimum_bytes == minimum

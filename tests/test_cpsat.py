@@ -183,21 +183,21 @@ def test_stalled_interval_search_returns_its_best_schedule():
 
 
 def test_highs_starts_from_the_cheaper_schedule_the_milp_admits():
-    """CP-SAT's schedule becomes HiGHS's start where it is cheaper and satisfies the MILP's rows; keep-all, cheaper
-    still but over the budget (the simulator says so), is refused."""
+    """CP-SAT's schedule becomes HiGHS's start where it is cheaper and satisfies the stage relaxation's rows; keep-all,
+    cheaper still but over the budget in a stage's knapsack row (the simulator says so too), is refused."""
     problem = half_budget(training_chain(8))
-    model = build_model(problem)
-    baseline = model.assignment(best_baseline(problem))
-    found = solve_intervals(problem, COPIES, LONG, best_baseline(problem)).schedule
+    model = build_model(problem, stages=())
+    baseline = best_baseline(problem)
+    found = solve_intervals(problem, COPIES, LONG, baseline).schedule
     assert found is not None
-    cheaper = model.assignment(found)
-    assert model.milp.cost @ cheaper < model.milp.cost @ baseline
-    assert portfolio._cheapest_start(model.milp, baseline, cheaper) is cheaper
-    assert portfolio._cheapest_start(model.milp, None, cheaper) is cheaper
-    over = model.assignment(keep_all(problem))
-    assert simulate(problem, keep_all(problem)).peak_bytes[0] > problem.budgets[0]
-    assert model.milp.cost @ over < model.milp.cost @ cheaper
-    assert portfolio._cheapest_start(model.milp, baseline, over) is baseline
+    cost = {id(s): check_schedule(problem, s).total_cost for s in (baseline, found)}
+    assert cost[id(found)] < cost[id(baseline)]
+    assert portfolio._cheapest_start(problem, model, (baseline, found)) is found
+    assert portfolio._cheapest_start(problem, model, (None, found)) is found
+    over = keep_all(problem)
+    assert simulate(problem, over).peak_bytes[0] > problem.budgets[0]
+    assert simulate(problem, over).total_cost < cost[id(found)]
+    assert portfolio._cheapest_start(problem, model, (baseline, over)) is baseline
 
 
 def test_portfolio_with_highs_in_its_child_proves_what_the_intervals_cannot(monkeypatch: pytest.MonkeyPatch):
@@ -223,7 +223,7 @@ def test_portfolio_hands_over_to_highs_when_the_stall_rule_cannot_fire(monkeypat
     monkeypatch.setattr(highs, "IN_PROCESS_NONZEROS", 0)
     monkeypatch.setattr(portfolio, "STALL", 1e9)
     monkeypatch.setattr(portfolio, "HAND_OVER", 0.0)
-    model, hint, stop = build_model(problem), best_baseline(problem), threading.Event()
+    hint, stop = best_baseline(problem), threading.Event()
     bounds: list[float] = []
 
     def highs_reported(seconds: float, incumbent: float | None, bound: float | None) -> None:
@@ -231,7 +231,6 @@ def test_portfolio_hands_over_to_highs_when_the_stall_rule_cannot_fire(monkeypat
             bounds.append(bound)
             stop.set()
 
-    found = portfolio.race(problem, model.milp, LONG, (model.assignment(hint), hint), (highs_reported, None),
-                           (1e-6, 1e-6), stop, model.assignment)
+    found = portfolio.race(problem, LONG, hint, (highs_reported, None), (1e-6, 1e-6), stop)
     assert bounds and found.milp.status == "interrupted" and not found.exact
     assert found.intervals.status != "optimal"

@@ -13,7 +13,8 @@ Moccasin is a benchmark-only peer, never a dependency of the package. Set it up 
     git clone https://github.com/haoming-codes/moccasin /tmp/moccasin && bash PEERS/setup.sh /tmp/moccasin/.git
 
 Run: python tools/bench_peers.py [--problems DIR] [--only chain20_b40,unet4_p60] [--time-limit 60] [--C 2]
-     [--repeats 1] [--json OUT.jsonl]   (without --problems: make_problems.py --seed 1 into a temporary directory)
+     [--repeats 1] [--json OUT.jsonl] [--exe ONNX_REMAT]
+     (without --problems: make_problems.py --seed 1 into a temporary directory)
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_peer(command: list[str]) -> dict:
 def commands(problem: Path, args: argparse.Namespace) -> dict[str, list[str]]:
     """The runner command of each peer on `problem`."""
     limit = str(args.time_limit)
-    exe = Path(sys.executable).with_name("onnx-remat")
+    exe = args.exe or Path(sys.executable).with_name("onnx-remat")
     return {
         "moccasin": [str(moccasin_python()), str(PEERS / "run_moccasin.py"), str(problem), "--time-limit", limit,
                      "--C", str(args.C)],
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per run (default 60, the issue's)")
     parser.add_argument("--C", type=int, default=2, help="Moccasin's computations per node (default 2, main.py's)")
     parser.add_argument("--solver", default="auto", help="onnx-remat's --solver (default auto)")
+    parser.add_argument("--exe", help="the onnx-remat executable to run (default: the one beside this Python); another "
+                        "build's, to compare two builds each beside its own Moccasin run")
     parser.add_argument("--repeats", type=int, default=1, help="runs per peer and problem (default 1)")
     parser.add_argument("--json", help="append every run's JSON line to this file")
     args = parser.parse_args()

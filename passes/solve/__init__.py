@@ -2,8 +2,8 @@
 
 `solve(problem)` builds the MILP, warm-starts it with the cheapest schedule the heuristics find (baselines
 and the eviction heuristic; with several devices also each device solved alone), runs the backend ("auto" on one
-device: HiGHS and CP-SAT on retention intervals at once, portfolio.py) and checks
-the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
+device: HiGHS on the MILP's stage relaxation, lazy.py, and CP-SAT on retention intervals at once, portfolio.py) and
+checks the schedule it returns with the simulator before handing it out. Above MAX_MILP_CELLS the MILP is not built
 and the best heuristic schedule is the answer. Before the backend runs, the memory-cut bound (lower_bound.py) is
 proven, which spares the backend where it shows the heuristics' schedule optimal; the stated bound is the
 backend's or that one, whichever is higher. Ctrl-C (SIGINT) during a solve stops the backend and returns the best
@@ -21,8 +21,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
-
-import numpy as np
 
 from onnx_remat.core.budget import below_minimum
 from onnx_remat.core.errors import RematError, SolverError, UsageError
@@ -49,6 +47,7 @@ from onnx_remat.passes.solve.checkmate_milp import (
 )
 from onnx_remat.passes.solve.cpsat import solve_cpsat
 from onnx_remat.passes.solve.highs import solve_highs
+from onnx_remat.passes.solve.lazy import LazyOutcome
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
 from onnx_remat.passes.solve.min_budget import eviction_runs, minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
@@ -69,7 +68,8 @@ after the deadline timer)."""
 
 
 PORTFOLIO = "portfolio"
-"""The name "auto" resolves to on one device, reported as the solver: HiGHS and CP-SAT on intervals at once."""
+"""The name "auto" resolves to on one device, reported as the solver: HiGHS on the MILP's stage relaxation and CP-SAT
+on intervals at once."""
 
 STOPS_AT_BOUND = ("highs", "cpsat", PORTFOLIO)
 """Backends stopped once their incumbent meets the memory-cut bound (proven.py). Not CBC: a stop does not stop it."""
@@ -104,9 +104,9 @@ def _left(time_limit: float, start: float) -> float:
 
 
 def choose_backend(problem: Problem) -> str:
-    """The backend "auto" runs: on one device the portfolio of HiGHS and CP-SAT on intervals (portfolio.py), on
-    several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20, than CP-SAT on the MILP
-    (docs/measurements.md)."""
+    """The backend "auto" runs: on one device the portfolio of HiGHS (on the MILP's stage relaxation) and CP-SAT on
+    intervals (portfolio.py), on several HiGHS, which proves these MILPs faster than CBC and, beyond T of about 20,
+    than CP-SAT on the MILP (docs/measurements.md)."""
     return PORTFOLIO if problem.num_devices == 1 else "highs"
 
 
@@ -276,12 +276,12 @@ def _solve_frontier(
         return incumbent, SolveStatus.INTERRUPTED, None
     if too_large(problem) or (time_limit is not None and _left(time_limit, start) < build_seconds(problem, slowdown)):
         return incumbent, SolveStatus.HEURISTIC, None
+    remaining = None if time_limit is None else max(0.01, _left(time_limit, start))
+    if solver == PORTFOLIO:
+        return _race(problem, remaining, incumbent, progress, stop, start, proven_bound)
     model = build_model(problem)
     warm = None if incumbent is None else model.assignment(incumbent)
-    remaining = None if time_limit is None else max(0.01, _left(time_limit, start))
     report = _scaled(progress, model, start)
-    if solver == PORTFOLIO:
-        return _race(problem, model, remaining, (warm, incumbent), progress, stop, start, proven_bound)
     if proven_bound is not None and solver in STOPS_AT_BOUND:
         report = StopAtBound(proven_bound, model.objective_unit, OPTIMALITY_GAP, stop, report)
     outcome = BACKENDS[solver](model.milp, remaining, warm, report, gaps=(OPTIMALITY_GAP, 1e-6), stop=stop)
@@ -294,26 +294,22 @@ def _solve_frontier(
 
 def _race(
     problem: Problem,
-    model: CheckmateModel,
     remaining: float | None,
-    warm: tuple[np.ndarray | None, Schedule | None],
+    incumbent: Schedule | None,
     progress: SolveProgress | None,
     stop: threading.Event,
     start: float,
     proven_bound: float | None,
 ) -> tuple[Schedule | None, SolveStatus, float | None]:
-    """The portfolio's cheapest schedule (or the incumbent, warm[1]), the status and HiGHS's bound in seconds."""
-    milp_report: MilpProgress | None = _scaled(progress, model, start)
+    """The portfolio's cheapest schedule (or `incumbent`), the status and HiGHS's bound in seconds."""
     interval_report: MilpProgress | None = _since(progress, start)
     watches: list[StopAtBound] = []
     if proven_bound is not None:
-        watches = [StopAtBound(proven_bound, unit, OPTIMALITY_GAP, stop, r)
-                   for unit, r in ((model.objective_unit, milp_report), (1.0, interval_report))]
-        milp_report, interval_report = watches
-    found = race(problem, model.milp, remaining, warm, (milp_report, interval_report), (OPTIMALITY_GAP, 1e-6), stop,
-                 model.assignment)
-    bound = None if found.milp.bound is None else found.milp.bound * model.objective_unit
-    schedule, status = _pick(problem, model, found.milp, warm[1])
+        watch = StopAtBound(proven_bound, 1.0, OPTIMALITY_GAP, stop, interval_report)
+        watches, interval_report = [watch], watch
+    found = race(problem, remaining, incumbent, (_since(progress, start), interval_report), (OPTIMALITY_GAP, 1e-6),
+                 stop)
+    schedule, status, bound = _relaxed_pick(problem, found.milp, incumbent)
     other = found.intervals.schedule
     if other is not None and (schedule is None or _cost(problem, other) < _cost(problem, schedule)):
         schedule = other
@@ -391,6 +387,17 @@ def _since(progress: SolveProgress | None, start: float) -> MilpProgress | None:
         progress(time.perf_counter() - start, incumbent, bound)
 
     return report
+
+
+def _relaxed_pick(
+    problem: Problem, outcome: LazyOutcome, incumbent: Schedule | None
+) -> tuple[Schedule | None, SolveStatus, float | None]:
+    """The stage relaxation's schedule unless the incumbent is cheaper or it found none, its status and bound."""
+    found = outcome.schedule
+    if found is not None and (incumbent is None or _cost(problem, found) <= _cost(problem, incumbent)):
+        return found, outcome.status, outcome.bound
+    unsolved = found is None and outcome.status != SolveStatus.INTERRUPTED and incumbent is not None
+    return incumbent, SolveStatus.HEURISTIC if unsolved else outcome.status, outcome.bound
 
 
 def _pick(

@@ -23,13 +23,15 @@ only overestimates memory, and the schedule extracted from R, S and C frees ever
 anyway. So FREE is continuous and bounded by each factor, which is exact for 0/1 values and tighter in
 the LP relaxation than Checkmate's hazard rows; an output's frees in one stage also sum to at most
 1 - S[d,t+1,i] and to at most what brought it there less what keeps it (_free_rows). Each stage also gets a knapsack
-row over S, implied by the memory rows, from which HiGHS derives cover cuts (_stage_knapsack_row).
+row over S, implied by the memory rows, from which HiGHS derives cover cuts (_stage_knapsack_row). With `stages`
+(build_model) U, FREE and their rows exist for those stages only, and the knapsack rows alone bound the others'
+memory: a relaxation (lazy.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,7 +159,8 @@ class CheckmateModel:
                 memory = (resident + kept + sizes[:t] @ m.held[d, t, :t]) / unit
                 for k in range(t + 1):
                     memory += arrived[d, t, k] * p.output_bytes[k] / unit - freed.get((d, t, k - 1), 0.0)
-                    x[self.u[d, t, k]] = memory
+                    if self.u[d, t, k] >= 0:
+                        x[self.u[d, t, k]] = memory
                     need = max(need, memory + m.computed[d, t, k] * p.workspace_bytes[k] / unit)
             if self.peak is not None and self.peak.device == d:
                 x[self.peak_col] = need
@@ -244,9 +247,16 @@ class MilpBuilder:
         )
 
 
-def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateModel:
-    """The MILP minimizing compute and copy cost within every budget, or `peak.device`'s peak within its range."""
+def build_model(
+    problem: Problem, peak: PeakRange | None = None, stages: Collection[int] | None = None
+) -> CheckmateModel:
+    """The MILP minimizing compute and copy cost within every budget, or `peak.device`'s peak within its range.
+
+    `stages`: the stages whose memory is followed position by position (U, FREE and their limits); None: every stage.
+    Every stage keeps its knapsack row (_stage_knapsack_row), so with fewer stages the model is a relaxation whose
+    schedules may exceed a budget inside a stage left out (lazy.py adds such stages until one fits)."""
     n, devices = problem.num_ops, problem.num_devices
+    followed = range(n) if stages is None else sorted(set(stages))
     cost_unit = max((c for row in problem.cost for c in row), default=0.0) or 1.0
     largest = max(problem.keep_all_bytes(d) for d in range(devices)) + max(problem.workspace_bytes, default=0)
     memory_unit = max(1.0, largest / MEMORY_STEPS)
@@ -254,11 +264,11 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     r = np.stack([_triangle(n, 0, b, integer=True) for _ in range(devices)])
     s = np.stack([_held_columns(problem, b) for _ in range(devices)])
     c = _copy_columns(problem, b)
-    u = np.stack([_triangle(n, 0, b, integer=False, upper=math.inf) for _ in range(devices)])
+    u = np.stack([_memory_columns(n, followed, b) for _ in range(devices)])
     frees = tuple(
         FreeVar(d, t, i, k)
         for d in range(devices)
-        for t in range(n)
+        for t in followed
         for k in range(t + 1)
         for i in (*problem.predecessors[k], k)
     )
@@ -271,12 +281,21 @@ def build_model(problem: Problem, peak: PeakRange | None = None) -> CheckmateMod
     _once_rows(problem, b, r)
     _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, (r, s, c), frees, free_cols)
-    _memory_rows(problem, b, (r, s, c, u, kept, loaded), frees, free_cols, memory_unit)
-    peak_col = _limit_rows(problem, b, (r, s, u, kept, loaded), memory_unit, peak)
+    _memory_rows(problem, b, (r, s, c, u, kept, loaded), frees, free_cols, memory_unit, followed)
+    peak_col = _limit_rows(problem, b, (r, s, u, kept, loaded), memory_unit, peak, followed)
     unit = memory_unit if peak else cost_unit
     milp = b.build(memory_unit)
     return CheckmateModel(problem, milp, r, s, c, u, frees, free_cols, kept, loaded, peak, peak_col, unit,
                           memory_unit)
+
+
+def _memory_columns(n: int, stages: Sequence[int], b: MilpBuilder) -> np.ndarray:
+    """U of one device: an n x n index matrix of continuous columns at positions k <= t of each stage t of `stages`,
+    else -1."""
+    index = np.full((n, n), -1, dtype=np.int64)
+    for t in stages:
+        index[t, : t + 1] = b.columns(t + 1, 0.0, math.inf, integer=False)
+    return index
 
 
 def _triangle(n: int, diagonal: int, b: MilpBuilder, integer: bool, upper: float = 1.0) -> np.ndarray:
@@ -434,9 +453,10 @@ def _memory_rows(
     frees: tuple[FreeVar, ...],
     free_cols: np.ndarray,
     memory_unit: float,
+    stages: Sequence[int],
 ) -> None:
     """U[d,t,0] = resident + KEPT + LOADED + held + arrivals of 0; U[d,t,k] = U[d,t,k-1] - freed after k-1 + arrivals
-    of k.
+    of k, for each stage t of `stages`.
 
     An arrival of k on d is its computation there or a copy of it to d.
     """
@@ -450,7 +470,7 @@ def _memory_rows(
     for d in range(problem.num_devices):
         resident = problem.resident_bytes[d] / memory_unit
         group_cols, group_vals = _loaded_terms(problem, loaded, d, memory_unit)
-        for t in range(problem.num_ops):
+        for t in stages:
             arrivals = _arrivals(r, c, d, t, 0)
             held = [int(kept[d])] if kept[d] >= 0 else []
             cols = [int(u[d, t, 0]), *held, *group_cols, *(int(s[d, t, i]) for i in range(t)), *arrivals]
@@ -475,9 +495,10 @@ def _limit_rows(
     rsuk: tuple[np.ndarray, ...],
     memory_unit: float,
     peak: PeakRange | None,
+    stages: Sequence[int],
 ) -> int | None:
-    """U[d,t,k] + workspace_k R[d,t,k] <= d's budget, or on the peak device <= a peak variable B (returned); and
-    each stage's knapsack row (_stage_knapsack_row) within the same limit.
+    """U[d,t,k] + workspace_k R[d,t,k] <= d's budget in each stage t of `stages`, or on the peak device <= a peak
+    variable B (returned); and every stage's knapsack row (_stage_knapsack_row) within the same limit.
 
     The budget gets half a byte of slack: peaks are whole bytes, so this is exact and keeps solver
     tolerances from cutting off a schedule that fits to the byte.
@@ -493,10 +514,11 @@ def _limit_rows(
             limit = Limit(0.0, [peak_col], [-1.0])
         else:
             limit = Limit((problem.budgets[d] + 0.5) / memory_unit, [], [])
-        for t in range(problem.num_ops):
+        for t in stages:
             for k in range(t + 1):
                 cols = [int(u[d, t, k]), int(r[d, t, k]), *limit.cols]
                 b.row(cols, [1.0, problem.workspace_bytes[k] / memory_unit, *limit.coefficients], -math.inf, limit.rhs)
+        for t in range(problem.num_ops):
             _stage_knapsack_row(problem, b, (r, s, kept, loaded), (d, t), memory_unit, limit)
     return peak_col
 

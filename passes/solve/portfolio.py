@@ -1,4 +1,5 @@
-"""A single-device portfolio: HiGHS on the MILP and CP-SAT on the retention-interval model (interval.py).
+"""A single-device portfolio: HiGHS on the MILP's stage relaxation (lazy.py) and CP-SAT on the retention-interval model
+(interval.py).
 
 On the peers benchmark's problems the two are strong at different things: CP-SAT on intervals finds the optimum of a
 37-operator U-Net at half its keep-all memory in 9 s, where HiGHS takes 262 s to find and prove it; HiGHS proves what
@@ -8,9 +9,11 @@ where it runs in a child (larger ones) it starts then, from the cheaper of the w
 the processor to itself. Beside CP-SAT at nice 19 (as before) HiGHS's child got 0.5 CPU s of chain40_p40's first 10 s
 and too little of the rest once other work loaded the machine: nice only goes up, so it could not be given the processor
 back.
-Both stop at the first proof: HiGHS optimal (or infeasible), CP-SAT optimal with as many computations per operator
-as the MILP allows (then its model is the MILP's form), or either's incumbent meeting the memory-cut bound
-(proven.py, which the caller wires into the progress callbacks); the caller keeps the cheapest schedule.
+HiGHS solves the MILP with each stage's memory followed only where its schedules need it (lazy.py): a smaller model
+whose bound holds for the MILP, proven faster. Both stop at the first proof: HiGHS optimal (or infeasible), CP-SAT
+optimal with as many computations per operator as the MILP allows (then its model is the MILP's form), or CP-SAT's
+incumbent meeting the memory-cut bound (proven.py, which the caller wires into the progress callbacks); the caller
+keeps the cheapest schedule. HiGHS reports its bound only: the relaxation's incumbents may exceed the budget.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ import numpy as np
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
-from onnx_remat.passes.solve.backend import MilpOutcome, MilpProgress, SolveStatus, SparseMilp
-from onnx_remat.passes.solve.highs import IN_PROCESS_NONZEROS, STREAMED_GRACE, solve_highs
+from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.passes.solve.backend import MilpProgress, SolveStatus, SparseMilp
+from onnx_remat.passes.solve.checkmate_milp import CheckmateModel
+from onnx_remat.passes.solve.highs import IN_PROCESS_NONZEROS, STREAMED_GRACE
 from onnx_remat.passes.solve.interval import IntervalOutcome, solve_intervals
+from onnx_remat.passes.solve.lazy import LazyOutcome, solve_lazily
 
 COPIES = 3
 """Computations per operator in the interval model (Moccasin's default is 2). At half the keep-all memory: a 37-operator
@@ -57,26 +63,24 @@ class Race:
     """What each side of the portfolio found; `exact`: the interval model had as many computations per operator as
     the MILP allows, so its optimum is the MILP's."""
 
-    milp: MilpOutcome
+    milp: LazyOutcome
     intervals: IntervalOutcome
     exact: bool
 
 
 def race(
     problem: Problem,
-    milp: SparseMilp,
     time_limit: float | None,
-    warm: tuple[np.ndarray | None, Schedule | None],
+    warm: Schedule | None,
     reports: tuple[MilpProgress | None, MilpProgress | None],
     gaps: tuple[float, float],
     stop: threading.Event,
-    assignment: Callable[[Schedule], np.ndarray],
 ) -> Race:
-    """Run CP-SAT on the interval model (in a thread) and HiGHS on `milp` (here) until both end; `stop` is set once
-    one proves optimality (or infeasibility), which ends the other. HiGHS in this process runs beside CP-SAT; in its
-    child (a larger model) once CP-SAT's search has ended, from the cheaper of `warm` and CP-SAT's schedule. `warm`
-    is the MILP's warm start and the same schedule; `reports` the MILP's progress callback and the interval model's
-    (in seconds); `assignment` maps a schedule to the MILP's solution vector."""
+    """Run CP-SAT on the interval model (in a thread) and HiGHS on the MILP's stage relaxation (here) until both end;
+    `stop` is set once one proves optimality (or infeasibility), which ends the other. HiGHS in this process runs
+    beside CP-SAT; in its child (a larger model) once CP-SAT's search has ended, from the cheaper of `warm` (a schedule
+    within the budget) and CP-SAT's schedule. `reports` are HiGHS's progress callback (its bound) and the interval
+    model's, both in seconds."""
     copies = min(COPIES, problem.num_ops)
     exact = copies >= problem.num_ops
     found: list[IntervalOutcome] = []
@@ -90,7 +94,7 @@ def race(
 
     def intervals() -> None:
         try:
-            outcome = solve_intervals(problem, copies, _searched(time_limit, exact), warm[1], report, stop,
+            outcome = solve_intervals(problem, copies, _searched(time_limit, exact), warm, report, stop,
                                       None if exact else STALL)
         except BaseException as error:  # raised again in the caller's thread
             failed.append(error)
@@ -104,7 +108,8 @@ def race(
     thread = threading.Thread(target=intervals, daemon=True)
     thread.start()
     try:
-        outcome = _highs(milp, time_limit, (warm[0], assignment), reports[0], gaps, stop, (thread, found, reporting))
+        outcome = solve_lazily(problem, time_limit, _starts(problem, warm, stop, (thread, found, reporting)),
+                               reports[0], gaps, stop, STREAMED_GRACE)
     except BaseException:
         stop.set()
         thread.join()
@@ -123,30 +128,26 @@ def _searched(time_limit: float | None, exact: bool) -> float | None:
     return time_limit if exact or time_limit is None else HAND_OVER * time_limit
 
 
-def _highs(
-    milp: SparseMilp,
-    time_limit: float | None,
-    warm: tuple[np.ndarray | None, Callable[[Schedule], np.ndarray]],
-    report: MilpProgress | None,
-    gaps: tuple[float, float],
+def _starts(
+    problem: Problem,
+    warm: Schedule | None,
     stop: threading.Event,
     cpsat: tuple[threading.Thread, list[IntervalOutcome], threading.Event],
-) -> MilpOutcome:
-    """HiGHS's side of the race: in this process as soon as CP-SAT has reported; in a child once CP-SAT's search
-    has ended (nothing if `stop` came first), from the cheaper of the warm start and CP-SAT's schedule."""
-    start = time.perf_counter()
+) -> Callable[[CheckmateModel], Schedule | None]:
+    """HiGHS's start for each relaxation it solves, chosen when it is about to: where HiGHS runs in this process, `warm`
+    as soon as CP-SAT has reported; where it runs in a child, once CP-SAT's search has ended (or `stop` is set), the
+    cheaper of `warm` and CP-SAT's schedule."""
     thread, found, reporting = cpsat
-    if milp.matrix.nnz > IN_PROCESS_NONZEROS:
+
+    def start(model: CheckmateModel) -> Schedule | None:
+        if model.milp.matrix.nnz <= IN_PROCESS_NONZEROS:
+            _head_start(reporting, stop)
+            return warm
         _until_ended(thread, stop)
-        if stop.is_set():
-            return MilpOutcome(None, SolveStatus.INTERRUPTED, None)
         schedule = found[0].schedule if found else None
-        start_from = _cheapest_start(milp, warm[0], None if schedule is None else warm[1](schedule))
-    else:
-        _head_start(reporting, stop)
-        start_from = warm[0]
-    left = None if time_limit is None else max(0.01, time_limit - (time.perf_counter() - start))
-    return solve_highs(milp, left, start_from, report, gaps, stop, grace=STREAMED_GRACE)
+        return _cheapest_start(problem, model, (warm, schedule))
+
+    return start
 
 
 def _until_ended(thread: threading.Thread, stop: threading.Event) -> None:
@@ -155,12 +156,13 @@ def _until_ended(thread: threading.Thread, stop: threading.Event) -> None:
         thread.join(0.05)
 
 
-def _cheapest_start(milp: SparseMilp, warm: np.ndarray | None, found: np.ndarray | None) -> np.ndarray | None:
-    """The cheaper of the warm start and CP-SAT's schedule `found` as MILP solution vectors, the latter only where it
-    satisfies the MILP's rows: an interval schedule computes within a stage in any order, which the MILP may not."""
-    if found is None or not _satisfies(milp, found):
-        return warm
-    return found if warm is None or float(milp.cost @ found) < float(milp.cost @ warm) else warm
+def _cheapest_start(
+    problem: Problem, model: CheckmateModel, schedules: tuple[Schedule | None, Schedule | None]
+) -> Schedule | None:
+    """The cheaper of two schedules within the budget whose solution vectors satisfy `model`'s rows (an interval
+    schedule computes within a stage in any order, which the MILP may not), or None."""
+    admitted = [s for s in schedules if s is not None and _satisfies(model.milp, model.assignment(s))]
+    return min(admitted, key=lambda s: check_schedule(problem, s).total_cost, default=None)
 
 
 def _satisfies(milp: SparseMilp, x: np.ndarray, tolerance: float = 1e-6) -> bool:

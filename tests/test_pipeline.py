@@ -16,19 +16,21 @@ import onnx_remat.pipeline as pipeline
 from onnx_remat.core.budget import format_bytes
 from onnx_remat.core.devices import get_devices
 from onnx_remat.core.errors import InfeasibleBudgetError, RematWarning, SolverError, UsageError
-from onnx_remat.core.options import LAST_SECONDS
+from onnx_remat.core.options import LAST_SECONDS, RematOptions
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.solve import solve
 from onnx_remat.pipeline import (
     FINISH_SECONDS,
     PLOT_SECONDS,
-    _short_budget,
+    _known_minimum,
     _solve_seconds,
     _time_left,
     costed_problem,
     finish_estimate,
     prepare,
+    solve_at,
     with_headroom,
 )
 
@@ -176,11 +178,27 @@ def test_no_schedule_found_states_the_smallest_budget_known_to_fit_and_the_prove
     """When the solver finds no schedule at a budget the search could not refuse, the error says what to ask for,
     whether or not the minimum was searched before (with --report it was, and the error said only 'raise it')."""
     costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
-    minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
+    minimum = costed.minima.minimum(costed.problem.budgets, 0, 0.0)  # the heuristics' alone: not proven
+    assert minimum.lower < minimum.feasible
     problem = replace(costed.problem, budgets=(minimum.lower,))
-    error = _short_budget(costed.minima, problem, SolverError("no schedule"), 10.0)
-    assert isinstance(error, SolverError)
-    assert f"{minimum.feasible} bytes" in str(error) and format_bytes(minimum.lower) in str(error)
+    with pytest.raises(SolverError) as error:
+        _known_minimum(costed.minima, problem, SolverError("no schedule"), 0.0)
+    assert f"{minimum.feasible} bytes" in str(error.value) and format_bytes(minimum.lower) in str(error.value)
+
+
+def test_a_budget_at_a_known_minimum_has_a_schedule_where_the_heuristics_fail_and_no_time_is_left():
+    """A budget at or above the smallest known to fit gives a schedule, at worst the one that fit. With the minimum
+    searched before (a sweep's earlier point, or the search's cache) and the deadline already past, the heuristics
+    found nothing at the budget, and the error said the smallest budget known to fit was the very one asked for."""
+    costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
+    minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
+    with pytest.raises(SolverError, match="no heuristic schedule fits"):  # what the solver alone finds there
+        solve(replace(costed.problem, budgets=(minimum.feasible,)), time_limit=LAST_SECONDS)
+    options = RematOptions(time_limit=1.0, find_minimum=False)
+    solved = solve_at(costed, minimum.feasible, options, started=time.perf_counter() - 10.0)
+    check_schedule(solved.problem, solved.result.schedule)
+    assert solved.result.simulation.peak_bytes[0] <= minimum.feasible == solved.problem.budgets[0]
+    assert solved.minimum_bytes == (minimum.feasible,)
 
 
 def test_the_time_kept_for_the_last_stages_grows_with_their_work_and_the_load():

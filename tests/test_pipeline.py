@@ -192,7 +192,8 @@ def test_a_budget_at_a_known_minimum_has_a_schedule_where_the_heuristics_fail_an
     found nothing at the budget, and the error said the smallest budget known to fit was the very one asked for."""
     costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
     minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
-    with pytest.raises(SolverError, match="no heuristic schedule fits"):  # what the solver alone finds there
+    # What the solver alone finds there, saying why: 24 operators are not too many for it (it said they were).
+    with pytest.raises(SolverError, match="no heuristic schedule fits .* the time limit left too little"):
         solve(replace(costed.problem, budgets=(minimum.feasible,)), time_limit=LAST_SECONDS)
     options = RematOptions(time_limit=1.0, find_minimum=False)
     solved = solve_at(costed, minimum.feasible, options, started=time.perf_counter() - 10.0)

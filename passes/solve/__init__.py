@@ -415,12 +415,15 @@ def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
     if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
-    if status == SolveStatus.HEURISTIC:
+    if status == SolveStatus.HEURISTIC and too_large(problem):
         raise SolverError(
             f"no heuristic schedule fits the budgets, and at {problem.num_ops} operators on {problem.num_devices} "
             f"device(s) the graph is too large for the exact solver (devices x operators^2 over {MAX_MILP_CELLS:,}): "
             "raise the budgets"
         )
+    if status == SolveStatus.HEURISTIC:
+        raise SolverError("no heuristic schedule fits the budgets, and the time limit left too little to build the "
+                          "exact solver's model: raise --time-limit or the budgets")
     if status != SolveStatus.INFEASIBLE:
         raise SolverError(
             "the solver found no schedule within the time limit and no baseline fits the budget: "

@@ -33,6 +33,7 @@ from onnx_remat.passes.solve.baselines import (
     keep_all,
     schedule_from_stages,
     segmentations,
+    segmented_baselines,
 )
 from onnx_remat.passes.solve.checkmate_milp import build_model
 from onnx_remat.passes.solve.highs import solve_highs
@@ -353,6 +354,30 @@ def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
     assert schedule is not None
     assert check_schedule(problem, schedule).peak_bytes[0] <= tightest
     assert minimum_budget(problem, time_limit=1).feasible <= tightest
+
+
+def test_segmented_baselines_figure_what_the_built_segmentations_simulate():
+    """Each length's peak and cost, figured without building its events, are the simulator's of the events built,
+    and so are those of the events the baseline builds when asked for."""
+    graph = training_chain(20)
+    for baseline, schedule in zip(segmented_baselines(graph), segmentations(graph), strict=True):
+        simulation = simulate(graph, schedule)
+        assert baseline.peak_bytes == simulation.peak_bytes
+        assert baseline.total_cost == pytest.approx(simulation.total_cost, rel=1e-12)
+        assert simulate(graph, baseline.schedule).peak_bytes == simulation.peak_bytes
+
+
+def test_segmentations_past_their_deadline_end_at_the_first_that_fits():
+    """With the deadline already past, the search of Chen's lengths still gives a schedule where one fits, and tries
+    no length after the first that does; without a deadline it finds the cheapest, which is never costlier."""
+    graph = training_chain(20)
+    peaks = [baseline.peak_bytes[0] for baseline in segmented_baselines(graph)]
+    problem = with_budget(graph, sorted(peaks)[len(peaks) // 2])
+    late = best_segmented(problem, deadline=0.0)
+    first = next(b for b in segmented_baselines(problem) if b.fits(problem.budgets))
+    assert late is not None and check_schedule(problem, late).total_cost == pytest.approx(first.total_cost)
+    timely = best_segmented(problem)
+    assert timely is not None and check_schedule(problem, timely).total_cost <= first.total_cost
 
 
 def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():

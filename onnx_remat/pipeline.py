@@ -289,8 +289,8 @@ def costed(
     prepared = model if isinstance(model, PreparedModel) else prepare(
         model, options.mode, options.input_shapes, options.training)
     finish = finish_seconds(prepared, options.plot)
-    _warn_if_late(options.time_limit, started, finish)
     roofline = costed_problem(prepared, devices)
+    _warn_if_late(options.time_limit, started, finish, roofline.problem)
     left = _time_left(options.time_limit, started, finish)
     share = None if left is None else _measure_share(left, _measure_seconds(roofline))
     return _costs(roofline, options.cost_model, options.cache_dir, options.profile_progress, share)
@@ -482,15 +482,23 @@ def finish_estimate(nodes: int, weight_bytes: int, plot: bool, slowdown: float) 
     return slowdown * (work + drawing)
 
 
-def _warn_if_late(time_limit: float | None, started: float, finish: float) -> None:
-    """Warn when what has run already (the imports, preparing the model) and what must follow the solve leave nothing
-    of `time_limit`: the command then ends past its limit, whatever the solver does."""
+def _warn_if_late(time_limit: float | None, started: float, finish: float, problem: Problem) -> None:
+    """Warn when what has run already (the imports, preparing the model, building its `problem`) and what must follow
+    the solve leave nothing of `time_limit`: the command then ends past its limit, whatever the solver does, and only a
+    limit above both leaves the solver any time. A graph too large for the exact solver gets the heuristics' schedule
+    at any limit: a longer one leaves time to measure costs and search the minimum, not for the solver to search."""
     spent = time.perf_counter() - started
-    if time_limit is not None and spent + finish > time_limit:
-        warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs "
-                      f"about {finish:.1f} s more, past the time limit of {time_limit:g} s: the schedule is the "
-                      f"heuristics'; raise --time-limit above {math.ceil(spent + finish):d} s for the solver to search",
-                      RematWarning, stacklevel=3)
+    if time_limit is None or spent + finish <= time_limit:
+        return
+    least = math.ceil(spent + finish)
+    if too_large(problem):
+        outcome = (f"at {problem.num_ops} operators the graph is too large for the exact solver, so the schedule is "
+                   f"the heuristics' at any limit; raise --time-limit above {least} s to leave time to measure costs")
+    else:
+        outcome = f"the schedule is the heuristics'; raise --time-limit above {least} s for the solver to search"
+    warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs about "
+                  f"{finish:.1f} s more, past the time limit of {time_limit:g} s: {outcome}", RematWarning,
+                  stacklevel=3)
 
 
 def _time_left(time_limit: float | None, started: float, finish: float) -> float | None:

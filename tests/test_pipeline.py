@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 
@@ -262,6 +263,21 @@ def test_costs_needing_between_a_quarter_and_half_of_the_time_left_are_measured(
     problem = onnx_remat.costed(skip_net(), options, started=time.perf_counter())
     assert problem.cost_model == "in-graph"
     assert not problem.cost_source.startswith("roofline")
+
+
+def test_a_late_warning_on_a_graph_too_large_for_the_exact_solver_promises_no_search():
+    """Past the limit on a graph the exact solver never takes, the warning says the schedule is the heuristics' at any
+    limit and what a longer one leaves time for: it said to raise the limit "for the solver to search" (moe's training
+    step, 618 operators, whose solve is the heuristics' at any limit)."""
+    options = onnx_remat.RematOptions(time_limit=0.0, cost_model="analytic")
+    with pytest.warns(RematWarning) as caught:
+        problem = onnx_remat.costed(conv_chain(depth=320, channels=1, size=2), options)
+    assert problem.problem.num_ops == 321
+    message = " ".join(str(warning.message) for warning in caught)
+    wanted = (r"at 321 operators the graph is too large for the exact solver, so the schedule is the heuristics' at "
+              r"any limit; raise --time-limit above \d+ s to leave time to measure costs")
+    assert re.search(wanted, message)
+    assert "solver to search" not in message
 
 
 @pytest.mark.parametrize("time_limit", [0.0, 1e-3])

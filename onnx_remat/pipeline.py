@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from onnx_remat.core.budget import below_minimum, format_bytes
 from onnx_remat.core.devices import BudgetSpec, Device, device_budgets, get_devices
-from onnx_remat.core.errors import RematError, RematWarning, SolverError, UsageError, one_line
+from onnx_remat.core.errors import RematWarning, SolverError, UsageError, one_line
 from onnx_remat.core.files import check_outputs, write_together
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.options import COST_MODEL_VARIABLE, COST_MODELS, LAST_SECONDS, MODES, RematOptions, TrainingOptions
@@ -55,6 +55,7 @@ from onnx_remat.passes.sizes import TensorInfo, tensor_infos
 from onnx_remat.passes.solve import SolveResult, solve
 from onnx_remat.passes.solve.backend import SolveStatus
 from onnx_remat.passes.solve.checkmate_milp import too_large, write_mps
+from onnx_remat.passes.solve.min_budget import MinBudget
 from onnx_remat.passes.workspace import workspace_bytes
 from onnx_remat.problem_file import write_problem
 from onnx_remat.report import MeasuredChoice, Report
@@ -288,8 +289,8 @@ def costed(
     prepared = model if isinstance(model, PreparedModel) else prepare(
         model, options.mode, options.input_shapes, options.training)
     finish = finish_seconds(prepared, options.plot)
-    _warn_if_late(options.time_limit, started, finish)
     roofline = costed_problem(prepared, devices)
+    _warn_if_late(options.time_limit, started, finish, roofline.problem)
     left = _time_left(options.time_limit, started, finish)
     share = None if left is None else _measure_share(left, _measure_seconds(roofline))
     return _costs(roofline, options.cost_model, options.cache_dir, options.profile_progress, share)
@@ -415,26 +416,27 @@ def solve_at(
                                    not too_large(costed.problem))
     resolved = resolve_budgets(costed.minima, wanted, options.find_minimum, proof_seconds)
     problem = replace(costed.problem, budgets=resolved.budgets)
-    minima = tuple(None if m is None else m.feasible for m in resolved.minima)
     if options.emit_problem:
         write_problem(problem, options.emit_problem)
     if options.emit_mps:
         write_mps(problem, options.emit_mps)
+    found = resolved.minima
     try:
-        result = solve(with_headroom(problem, options.headroom, minima), solver=options.solver,
-                       time_limit=_solve_seconds(options.time_limit, started, finish), progress=options.progress,
-                       hints=resolved.reached, slowdown=costed.prepared.slowdown)
+        result = _solve_within(costed, problem, options, started, finish, found, resolved.reached)
     except SolverError as exc:
-        if problem.num_devices == 1:  # say what the budget is short of (searched now if it was not)
-            raise _short_budget(costed.minima, problem, exc, proof_seconds) from None
-        raise
+        if problem.num_devices > 1:
+            raise
+        known = _known_minimum(costed.minima, problem, exc, proof_seconds)  # the budget is at or above it
+        found = (known,)
+        result = _solve_within(costed, problem, options, started, finish, found,
+                               () if known.schedule is None else (known.schedule,))
     choice = None
     if options.pick_by_running:
         result, choice = faster_by_running(costed.prepared, costed.opmap, problem, result, costed.devices)
     peaks = result.simulation.peak_bytes
-    minima = tuple(known if known is None else min(known, peak)  # the schedule fits its peak
-                   for known, peak in zip(minima, peaks, strict=True))
-    lower = None if resolved.minima[0] is None else resolved.minima[0].lower
+    minima = tuple(None if known is None else min(known.feasible, peak)  # the schedule fits its peak
+                   for known, peak in zip(found, peaks, strict=True))
+    lower = None if found[0] is None else found[0].lower
     return SolvedProblem(costed, problem, result, minima, lower, choice)
 
 
@@ -480,15 +482,23 @@ def finish_estimate(nodes: int, weight_bytes: int, plot: bool, slowdown: float) 
     return slowdown * (work + drawing)
 
 
-def _warn_if_late(time_limit: float | None, started: float, finish: float) -> None:
-    """Warn when what has run already (the imports, preparing the model) and what must follow the solve leave nothing
-    of `time_limit`: the command then ends past its limit, whatever the solver does."""
+def _warn_if_late(time_limit: float | None, started: float, finish: float, problem: Problem) -> None:
+    """Warn when what has run already (the imports, preparing the model, building its `problem`) and what must follow
+    the solve leave nothing of `time_limit`: the command then ends past its limit, whatever the solver does, and only a
+    limit above both leaves the solver any time. A graph too large for the exact solver gets the heuristics' schedule
+    at any limit: a longer one leaves time to measure costs and search the minimum, not for the solver to search."""
     spent = time.perf_counter() - started
-    if time_limit is not None and spent + finish > time_limit:
-        warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs "
-                      f"about {finish:.1f} s more, past the time limit of {time_limit:g} s: the schedule is the "
-                      f"heuristics'; raise --time-limit above {math.ceil(spent + finish):d} s for the solver to search",
-                      RematWarning, stacklevel=3)
+    if time_limit is None or spent + finish <= time_limit:
+        return
+    least = math.ceil(spent + finish)
+    if too_large(problem):
+        outcome = (f"at {problem.num_ops} operators the graph is too large for the exact solver, so the schedule is "
+                   f"the heuristics' at any limit; raise --time-limit above {least} s to leave time to measure costs")
+    else:
+        outcome = f"the schedule is the heuristics'; raise --time-limit above {least} s for the solver to search"
+    warnings.warn(f"starting, loading and preparing the model took {spent:.1f} s, and writing the result needs about "
+                  f"{finish:.1f} s more, past the time limit of {time_limit:g} s: {outcome}", RematWarning,
+                  stacklevel=3)
 
 
 def _time_left(time_limit: float | None, started: float, finish: float) -> float | None:
@@ -552,11 +562,28 @@ def _label(problem: Problem, schedule: Schedule) -> str:
     return "solver (mixed)" if len(used) > 1 else f"solver ({problem.devices[min(used, default=0)]} alone)"
 
 
-def _short_budget(minima: Minima, problem: Problem, failure: SolverError, seconds: float) -> RematError:
-    """For one device where no schedule was found: InfeasibleBudgetError if the budget is below the proven minimum,
-    else the solver's error with the smallest budget known to fit and the proven least (the search's, done once)."""
+def _solve_within(
+    costed: CostedProblem, problem: Problem, options: RematOptions, started: float, finish: float,
+    found: Sequence[MinBudget | None], hints: Sequence[Schedule],
+) -> SolveResult:
+    """`problem` solved as `options` say, from `hints`, in what is left of the time limit since `started` less `finish`
+    seconds; its headroom refused where it takes a budget below a known minimum of `found`."""
+    minima = tuple(None if known is None else known.feasible for known in found)
+    return solve(with_headroom(problem, options.headroom, minima), solver=options.solver,
+                 time_limit=_solve_seconds(options.time_limit, started, finish), progress=options.progress,
+                 hints=hints, slowdown=costed.prepared.slowdown)
+
+
+def _known_minimum(minima: Minima, problem: Problem, failure: SolverError, seconds: float) -> MinBudget:
+    """For one device where the solver found no schedule, its minimum budget (searched now for `seconds` if it was not)
+    when the budget is at or above the smallest known to fit: the heuristics that failed at the budget may fit below
+    it (the eviction heuristic is not monotone in the budget), and the solver starts again from that schedule. Else
+    InfeasibleBudgetError below the proven minimum, or `failure` with the smallest budget known to fit and the proven
+    least."""
     minimum = minima.minimum(problem.budgets, 0, seconds)
     if problem.budgets[0] < minimum.lower:
-        return below_minimum(problem, 0, problem.budgets[0], minimum.feasible)
-    return SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
-                       f"{minimum.feasible} bytes; none fits in less than {format_bytes(minimum.lower)})")
+        raise below_minimum(problem, 0, problem.budgets[0], minimum.feasible) from None
+    if problem.budgets[0] < minimum.feasible:
+        raise SolverError(f"{failure} (the smallest budget known to fit is {format_bytes(minimum.feasible)}, "
+                          f"{minimum.feasible} bytes; none fits in less than {format_bytes(minimum.lower)})") from None
+    return minimum

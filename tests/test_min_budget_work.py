@@ -126,17 +126,18 @@ def test_the_minimum_search_on_a_loaded_machine_without_time_still_gives_a_fitti
 def test_a_search_past_its_deadline_builds_no_segmentation_once_a_baseline_is_found(monkeypatch):
     """With no time left the search ends at the baselines and the eviction heuristic: Chen's segments are no longer
     built first and then dropped at the deadline. With time, it builds them all (and finds no larger minimum)."""
-    import onnx_remat.passes.solve.min_budget as min_budget_module
+    import onnx_remat.passes.solve.baselines as baselines_module
 
     built: list[int] = []
-    real = min_budget_module.chen_segments
+    real = baselines_module.chen_stages
 
     def counted(problem: Problem, length: int):
         built.append(length)
         return real(problem, length)
 
-    monkeypatch.setattr(min_budget_module, "chen_segments", counted)
     graph = with_kept(unet(6), 5)
+    baselines_of(graph)  # the baselines (chen-sqrt-n among them), figured before any deadline and kept
+    monkeypatch.setattr(baselines_module, "chen_stages", counted)
     late = minimum_budget(graph, time_limit=0.0)
     assert built == [] and late.schedule is not None
     check_schedule(with_budget(graph, late.feasible), late.schedule)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 
@@ -16,19 +17,21 @@ import onnx_remat.pipeline as pipeline
 from onnx_remat.core.budget import format_bytes
 from onnx_remat.core.devices import get_devices
 from onnx_remat.core.errors import InfeasibleBudgetError, RematWarning, SolverError, UsageError
-from onnx_remat.core.options import LAST_SECONDS
+from onnx_remat.core.options import LAST_SECONDS, RematOptions
 from onnx_remat.passes.execute import executed_node_names, random_feeds, run
 from onnx_remat.passes.simulate import check_schedule
 from onnx_remat.passes.sizes import tensor_infos
+from onnx_remat.passes.solve import solve
 from onnx_remat.pipeline import (
     FINISH_SECONDS,
     PLOT_SECONDS,
-    _short_budget,
+    _known_minimum,
     _solve_seconds,
     _time_left,
     costed_problem,
     finish_estimate,
     prepare,
+    solve_at,
     with_headroom,
 )
 
@@ -123,9 +126,10 @@ def test_summary_counts_the_recomputed_nodes_a_user_sees():
     """One operator may be a group of nodes (a training step's layers): the summary counts the graph's `__remat`
     nodes, not the operators' extra computations. 250 KiB is below the peak without recomputation (266.2 KiB with two
     threads, of which 72 KiB the worker thread's stack: runtime_kept) and above the least found (236.1 KiB): any
-    schedule within it recomputes, proven optimal or not."""
+    schedule within it recomputes. No time limit: the heuristics alone fit no less than 250.2 KiB, and with 10 s at a
+    load that slows preparing 22 times the solver had no time left to find one."""
     result = onnx_remat.remat(conv_chain(depth=4, size=16), "250KiB", mode="train", devices=CPU_TWO_THREADS,
-                              time_limit=10)
+                              time_limit=None)
     nodes = sum(1 for n in result.model.graph.node if "__remat" in n.name)
     extra = sum(r.extra_computations for r in result.report.recomputations)
     assert result.report.recomputed_nodes == nodes >= extra > 0
@@ -176,11 +180,28 @@ def test_no_schedule_found_states_the_smallest_budget_known_to_fit_and_the_prove
     """When the solver finds no schedule at a budget the search could not refuse, the error says what to ask for,
     whether or not the minimum was searched before (with --report it was, and the error said only 'raise it')."""
     costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
-    minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
+    minimum = costed.minima.minimum(costed.problem.budgets, 0, 0.0)  # the heuristics' alone: not proven
+    assert minimum.lower < minimum.feasible
     problem = replace(costed.problem, budgets=(minimum.lower,))
-    error = _short_budget(costed.minima, problem, SolverError("no schedule"), 10.0)
-    assert isinstance(error, SolverError)
-    assert f"{minimum.feasible} bytes" in str(error) and format_bytes(minimum.lower) in str(error)
+    with pytest.raises(SolverError) as error:
+        _known_minimum(costed.minima, problem, SolverError("no schedule"), 0.0)
+    assert f"{minimum.feasible} bytes" in str(error.value) and format_bytes(minimum.lower) in str(error.value)
+
+
+def test_a_budget_at_a_known_minimum_has_a_schedule_where_the_heuristics_fail_and_no_time_is_left():
+    """A budget at or above the smallest known to fit gives a schedule, at worst the one that fit. With the minimum
+    searched before (a sweep's earlier point, or the search's cache) and the deadline already past, the heuristics
+    found nothing at the budget, and the error said the smallest budget known to fit was the very one asked for."""
+    costed = costed_problem(prepare(conv_chain(depth=4, size=8), "train"), get_devices(None))
+    minimum = costed.minima.minimum(costed.problem.budgets, 0, 10.0)
+    # What the solver alone finds there, saying why: 24 operators are not too many for it (it said they were).
+    with pytest.raises(SolverError, match="no heuristic schedule fits .* the time limit left too little"):
+        solve(replace(costed.problem, budgets=(minimum.feasible,)), time_limit=LAST_SECONDS)
+    options = RematOptions(time_limit=1.0, find_minimum=False)
+    solved = solve_at(costed, minimum.feasible, options, started=time.perf_counter() - 10.0)
+    check_schedule(solved.problem, solved.result.schedule)
+    assert solved.result.simulation.peak_bytes[0] <= minimum.feasible == solved.problem.budgets[0]
+    assert solved.minimum_bytes == (minimum.feasible,)
 
 
 def test_the_time_kept_for_the_last_stages_grows_with_their_work_and_the_load():
@@ -243,6 +264,21 @@ def test_costs_needing_between_a_quarter_and_half_of_the_time_left_are_measured(
     problem = onnx_remat.costed(skip_net(), options, started=time.perf_counter())
     assert problem.cost_model == "in-graph"
     assert not problem.cost_source.startswith("roofline")
+
+
+def test_a_late_warning_on_a_graph_too_large_for_the_exact_solver_promises_no_search():
+    """Past the limit on a graph the exact solver never takes, the warning says the schedule is the heuristics' at any
+    limit and what a longer one leaves time for: it said to raise the limit "for the solver to search" (moe's training
+    step, 618 operators, whose solve is the heuristics' at any limit)."""
+    options = onnx_remat.RematOptions(time_limit=0.0, cost_model="analytic")
+    with pytest.warns(RematWarning) as caught:
+        problem = onnx_remat.costed(conv_chain(depth=320, channels=1, size=2), options)
+    assert problem.problem.num_ops == 321
+    message = " ".join(str(warning.message) for warning in caught)
+    wanted = (r"at 321 operators the graph is too large for the exact solver, so the schedule is the heuristics' at "
+              r"any limit; raise --time-limit above \d+ s to leave time to measure costs")
+    assert re.search(wanted, message)
+    assert "solver to search" not in message
 
 
 @pytest.mark.parametrize("time_limit", [0.0, 1e-3])

@@ -33,10 +33,11 @@ from onnx_remat.passes.solve.baselines import (
     keep_all,
     schedule_from_stages,
     segmentations,
+    segmented_baselines,
 )
 from onnx_remat.passes.solve.checkmate_milp import build_model
 from onnx_remat.passes.solve.highs import solve_highs
-from onnx_remat.passes.solve.min_budget import minimum_budget, quick_lower_bound
+from onnx_remat.passes.solve.min_budget import eviction_runs, minimum_budget, quick_lower_bound
 from onnx_remat.passes.solve.offload import offload
 from onnx_remat.pipeline import costed_problem, prepare
 
@@ -353,6 +354,55 @@ def test_segment_lengths_fit_where_chen_sqrt_n_does_not():
     assert schedule is not None
     assert check_schedule(problem, schedule).peak_bytes[0] <= tightest
     assert minimum_budget(problem, time_limit=1).feasible <= tightest
+
+
+def test_segmented_baselines_figure_what_the_built_segmentations_simulate():
+    """Each length's peak and cost, figured without building its events, are the simulator's of the events built,
+    and so are those of the events the baseline builds when asked for."""
+    graph = training_chain(20)
+    for baseline, schedule in zip(segmented_baselines(graph), segmentations(graph), strict=True):
+        simulation = simulate(graph, schedule)
+        assert baseline.peak_bytes == simulation.peak_bytes
+        assert baseline.total_cost == pytest.approx(simulation.total_cost, rel=1e-12)
+        assert simulate(graph, baseline.schedule).peak_bytes == simulation.peak_bytes
+
+
+def test_segmentations_past_their_deadline_end_at_the_first_that_fits():
+    """With the deadline already past, the search of Chen's lengths still gives a schedule where one fits, and tries
+    no length after the first that does; without a deadline it finds the cheapest, which is never costlier."""
+    graph = training_chain(20)
+    peaks = [baseline.peak_bytes[0] for baseline in segmented_baselines(graph)]
+    problem = with_budget(graph, sorted(peaks)[len(peaks) // 2])
+    late = best_segmented(problem, deadline=0.0)
+    first = next(b for b in segmented_baselines(problem) if b.fits(problem.budgets))
+    assert late is not None and check_schedule(problem, late).total_cost == pytest.approx(first.total_cost)
+    timely = best_segmented(problem)
+    assert timely is not None and check_schedule(problem, timely).total_cost <= first.total_cost
+
+
+def test_a_solve_past_its_deadline_tries_chen_lengths_only_until_one_fits(monkeypatch):
+    """Where neither the eviction heuristic nor a baseline fits, the solve falls back on Chen's segments; with no time
+    left it stops at the first length that fits (all of them took a 2 s limit's solve of moe's training step to 47 s
+    beside two busy loops)."""
+    import onnx_remat.passes.solve.baselines as baselines_module
+
+    sizes = [100, 100, 1000, 1000, 1, 1000, 1, 1, 1, 100, 1000, 1, 100, 1000, 10, 10, 100, 1000, 10]
+    costs = [1, 5, 3, 3, 5, 3, 5, 5, 2, 2, 1, 2, 3, 1, 3, 5, 4, 5, 5]
+    graph = with_budget(make_problem(19, [*((i, i + 1) for i in range(18)), (13, 17), (14, 18)], sizes, costs), 2100)
+    assert offload(graph, 0, max_runs=eviction_runs(graph)) is None and best_baseline(graph) is None
+    fitting_lengths = [b.name for b in segmented_baselines(graph) if b.fits(graph.budgets)]
+    assert fitting_lengths[0] == "segments-2" and len(fitting_lengths) > 1
+    built: list[int] = []
+    real = baselines_module.chen_stages
+
+    def counted(problem: Problem, length: int):
+        built.append(length)
+        return real(problem, length)
+
+    monkeypatch.setattr(baselines_module, "chen_stages", counted)  # the baselines' chen-sqrt-n is kept already
+    late = solve(graph, time_limit=0.1)
+    assert built == [1, 2] and late.status == SolveStatus.HEURISTIC
+    assert check_schedule(graph, late.schedule).peak_bytes[0] <= 2100
 
 
 def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():

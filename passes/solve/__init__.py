@@ -158,7 +158,7 @@ def solve(
     progress = None if progress is None else BestSoFar(progress)
     _refuse_small_budgets(problem)
     with _stop_on_interrupt() as stop, _deadline(stop, time_limit) as timed_out:
-        incumbent, alone = _incumbent(problem, backend, time_limit, stop, hints)
+        incumbent, alone = _incumbent(problem, backend, time_limit, start, stop, hints)
         cut_bound = cut_lower_bound(problem, _bound_seconds(time_limit), stop)
         if progress is not None and incumbent is not None:
             progress(time.perf_counter() - start, _cost(problem, incumbent), cut_bound)
@@ -323,42 +323,48 @@ def _race(
 
 
 def _incumbent(
-    problem: Problem, solver: str, time_limit: float | None, stop: threading.Event, hints: Sequence[Schedule] = ()
+    problem: Problem, solver: str, time_limit: float | None, start: float, stop: threading.Event,
+    hints: Sequence[Schedule] = (),
 ) -> tuple[Schedule | None, tuple[Schedule | None, ...]]:
     """The best schedule found without the multi-device MILP, and with several devices each device's best schedule
     alone (None where none fits; with one device, the first).
 
     One device: the best of the baselines and the recomputing heuristic (Chen's segments of any length if
-    none fits). Several: each device solved alone, and the offloading heuristic on each ordered pair. The eviction
-    heuristics are bounded by work (min_budget.eviction_runs), not time, so that a loaded machine or a tiny time
-    limit still starts from their schedules."""
+    none fits, until `time_limit` since `start`, less its reserve, once one fits). Several: each device solved alone,
+    and the offloading heuristic on each ordered pair. The eviction heuristics are bounded by work
+    (min_budget.eviction_runs), not time, so that a loaded machine or a tiny time limit still starts from their
+    schedules."""
     if problem.num_devices == 1:
-        single = _single_incumbent(problem, hints)
+        deadline = None if time_limit is None else start + time_limit - _reserve(time_limit)
+        single = _single_incumbent(problem, hints, deadline=deadline)
         return single, (single,)
     share = None if time_limit is None else time_limit / (4 * problem.num_devices)
     singles: list[Schedule | None] = []
     for device in range(problem.num_devices):
         alone, schedule = on_device(problem, device), None
         if problem.budgets[device] >= quick_lower_bound(alone):
-            start = time.perf_counter()
+            began = time.perf_counter()
             warm = _single_incumbent(alone, segmented=not too_large(alone))
-            schedule = _solve_frontier(alone, solver, share, None, stop, warm, start)[0]
+            schedule = _solve_frontier(alone, solver, share, None, stop, warm, began)[0]
         singles.append(None if schedule is None else placed(schedule, device))
     pairs = [(c, s) for c in range(problem.num_devices) for s in range(problem.num_devices) if c != s]
     offloaded = [offload(problem, c, s, eviction_runs(problem)) for c, s in pairs]
     return cheapest_fitting(problem, [*singles, *hints, *offloaded]), tuple(singles)
 
 
-def _single_incumbent(problem: Problem, hints: Sequence[Schedule] = (), segmented: bool = True) -> Schedule | None:
+def _single_incumbent(
+    problem: Problem, hints: Sequence[Schedule] = (), segmented: bool = True, deadline: float | None = None
+) -> Schedule | None:
     """The cheapest fitting schedule of the eviction heuristic, the baselines and `hints` on one device, else (if
-    `segmented`) of Chen's segmentations of every length. Each device alone of a graph too large for the MILP skips
-    these, bounded by neither work nor time: on EfficientNet-B0's training step (1055 operators, two CPUs at 40%)
-    their ~90 lengths took 32 s per device and ended the run 18 s past its 60 s limit, and the offloading pairs'
+    `segmented`) of Chen's segmentations of every length, or past `deadline` the first that fits (unbounded, on moe's
+    training step with roofline costs they took a 2 s limit's solve to 47 s beside two busy loops). Each device alone
+    of a graph too large for the MILP skips these: on EfficientNet-B0's training step (1055 operators, two CPUs at
+    40%) their ~90 lengths took 32 s per device and ended the run 18 s past its 60 s limit, and the offloading pairs'
     schedules were the answer."""
     evicting = offload(problem, 0, max_runs=eviction_runs(problem))
     single = cheapest_fitting(problem, (evicting, best_baseline(problem), *hints))
     if single is None and segmented:
-        single = best_segmented(problem)
+        single = best_segmented(problem, deadline)
     return single
 
 
@@ -422,12 +428,15 @@ def _no_schedule(problem: Problem, status: SolveStatus) -> NoReturn:
     """Raise why no schedule was found: the budgets are proven too small, or time ran out."""
     if status == SolveStatus.INTERRUPTED:
         raise KeyboardInterrupt
-    if status == SolveStatus.HEURISTIC:
+    if status == SolveStatus.HEURISTIC and too_large(problem):
         raise SolverError(
             f"no heuristic schedule fits the budgets, and at {problem.num_ops} operators on {problem.num_devices} "
             f"device(s) the graph is too large for the exact solver (devices x operators^2 over {MAX_MILP_CELLS:,}): "
             "raise the budgets"
         )
+    if status == SolveStatus.HEURISTIC:
+        raise SolverError("no heuristic schedule fits the budgets, and the time limit left too little to build the "
+                          "exact solver's model: raise --time-limit or the budgets")
     if status != SolveStatus.INFEASIBLE:
         raise SolverError(
             "the solver found no schedule within the time limit and no baseline fits the budget: "

@@ -7,11 +7,10 @@ given budget (and free to take work over, copies included).
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -23,11 +22,8 @@ from onnx_remat.passes.simulate import simulate
 from onnx_remat.passes.solve.backend import MilpOutcome, SolveStatus
 from onnx_remat.passes.solve.baselines import (
     baselines_of,
-    chen_segments,
     fitting,
-    on_device,
-    placed,
-    segment_lengths,
+    segmented_baselines,
 )
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, build_seconds, too_large
 from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
@@ -133,8 +129,9 @@ def _bounded_highs(model: CheckmateModel, seconds: float, warm_start: np.ndarray
 
 def _candidates(problem: Problem, device: int, deadline: float, runs: int | None) -> list[tuple[int, Schedule]]:
     """(peak on `device`, schedule) of the baseline peaking least there, of the eviction heuristic at the least
-    budget of `device` it fits (searched in `runs` operator runs), and (until `deadline`) of Chen's segments at every
-    length on one device, among those that fit every other device's budget."""
+    budget of `device` it fits (searched in `runs` operator runs), and (until `deadline`) of Chen's segments of each
+    length on one device that peak below every candidate before them, among those that fit every other device's
+    budget."""
 
     def fits_others(peaks: tuple[int, ...]) -> bool:
         return all(peaks[d] <= problem.budgets[d] for d in range(problem.num_devices) if d != device)
@@ -143,21 +140,19 @@ def _candidates(problem: Problem, device: int, deadline: float, runs: int | None
                 default=None)  # the only baseline that can be the least: its events alone are built
     found = [] if least is None else [(least.peak_bytes[device], least.schedule)]
 
-    def segmented() -> Iterator[Schedule]:
-        """Chen's segments on each device, each built only while time remains (or nothing was found yet): the
-        first, built before the deadline was looked at, took 0.05 CPU s on DenseNet-121's training step."""
-        for d in range(problem.num_devices):
-            alone = on_device(problem, d)
-            for length in segment_lengths(problem.num_ops):
-                if found and time.perf_counter() >= deadline:
-                    return
-                yield placed(chen_segments(alone, length), d)
-
     evicting = _least_evicting(problem, device, min((peak for peak, _ in found), default=None), runs)
-    for schedule in itertools.chain([] if evicting is None else [evicting], segmented()):
-        peaks = simulate(problem, schedule).peak_bytes
-        if fits_others(peaks):
-            found.append((peaks[device], schedule))
+    if evicting is not None and fits_others(peaks := simulate(problem, evicting).peak_bytes):
+        found.append((peaks[device], evicting))
+
+    def more() -> bool:
+        """Chen's segments are built while time remains, or nothing was found yet: the first, built before the
+        deadline was looked at, took 0.05 CPU s on DenseNet-121's training step."""
+        return not found or time.perf_counter() < deadline
+
+    for segmented in segmented_baselines(problem, more):
+        peak = segmented.peak_bytes[device]
+        if fits_others(segmented.peak_bytes) and all(peak < known for known, _ in found):  # it can be the least:
+            found.append((peak, segmented.schedule))  # its events alone are built
     return found
 
 

@@ -205,10 +205,11 @@ def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) ->
 def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.Value],
                           parameters: tuple[ir.Value, ...], requires: set[ir.Value]) -> None:
     """ModelError for parameters whose values reach the loss only through integer or boolean tensors (a Cast
-    to int, an ArgMax): they would silently get no gradient. Shape and Size read no values."""
+    to int, an ArgMax): they would silently get no gradient. Paths through NO_GRADIENT's ops (Shape, a random
+    draw) do not count."""
     values: set[ir.Value] = {_loss(model)}
     for node in reversed(model.graph):
-        if node.op_type in ("Shape", "Size") or not any(o in values for o in node.outputs):
+        if not any(o in values for o in node.outputs):
             continue
         rule = RULES.get(node.op_type)
         values |= {i for pos, i in enumerate(node.inputs)

@@ -18,7 +18,7 @@ from onnx_remat.passes.autodiff.rules import (
     trig,
 )
 from onnx_remat.passes.autodiff.rules import elementwise as ew
-from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
+from onnx_remat.passes.autodiff.rules.base import NO_GRADIENT, GradFn, Rule
 
 RULES: dict[str, Rule] = {
     # arithmetic with broadcasting
@@ -75,10 +75,6 @@ RULES: dict[str, Rule] = {
     "Shrink": Rule(activation.shrink),
     "ThresholdedRelu": Rule(activation.thresholded_relu),
     "Swish": Rule(activation.swish),
-    "Sign": Rule(ew.piecewise_constant, ()),
-    "Round": Rule(ew.piecewise_constant, ()),
-    "Floor": Rule(ew.piecewise_constant, ()),
-    "Ceil": Rule(ew.piecewise_constant, ()),
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),
@@ -146,6 +142,19 @@ RULES: dict[str, Rule] = {
     "ScatterND": Rule(gather.scatter_nd, (0, 2)),
     "ScatterElements": Rule(gather.scatter_elements, (0, 2)),
     "TopK": Rule(gather.top_k),
+    # outputs that pass no gradient to their inputs: piecewise constant, random draws, or reading only a shape
+    "Sign": NO_GRADIENT,
+    "Round": NO_GRADIENT,
+    "Floor": NO_GRADIENT,
+    "Ceil": NO_GRADIENT,
+    "Hardmax": NO_GRADIENT,
+    "Bernoulli": NO_GRADIENT,
+    "Multinomial": NO_GRADIENT,
+    "RandomNormalLike": NO_GRADIENT,
+    "RandomUniformLike": NO_GRADIENT,
+    "EyeLike": NO_GRADIENT,
+    "Shape": NO_GRADIENT,
+    "Size": NO_GRADIENT,
 }
 
 __all__ = ["RULES", "GradFn", "Rule"]

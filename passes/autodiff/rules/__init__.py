@@ -15,6 +15,7 @@ from onnx_remat.passes.autodiff.rules import (
     pool,
     resize,
     shape,
+    spectral,
     trig,
 )
 from onnx_remat.passes.autodiff.rules import elementwise as ew
@@ -142,6 +143,9 @@ RULES: dict[str, Rule] = {
     "ScatterND": Rule(gather.scatter_nd, (0, 2)),
     "ScatterElements": Rule(gather.scatter_elements, (0, 2)),
     "TopK": Rule(gather.top_k),
+    # Fourier transforms
+    "DFT": Rule(spectral.dft),
+    "STFT": Rule(spectral.stft, (0, 2), computed_only=(2,)),
     # outputs that pass no gradient to their inputs: piecewise constant, random draws, or reading only a shape
     "Sign": NO_GRADIENT,
     "Round": NO_GRADIENT,

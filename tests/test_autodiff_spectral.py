@@ -4,7 +4,9 @@ only onnxruntime)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,6 +15,13 @@ import torch
 from conftest import step_as_proto
 from onnx import TensorProto, helper, numpy_helper
 from test_autodiff_rules import TORCH_TOLERANCE, Case, check, rand, rel_err, run_ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from real_models import check as check_model  # noqa: E402
+
+SOLVE_SECONDS = 2.0
+"""Each solve stops by then with its best schedule, which is checked: nothing here waits for a proof."""
 
 
 def scalar(value: int) -> np.ndarray:
@@ -120,3 +129,13 @@ def test_stft_computed_window() -> None:
     (spectrum * torch.tensor(probe)).sum().backward()
     for name, tensor in tensors.items():
         assert rel_err(got[f"grad.{name}"], tensor.grad.numpy()) < TORCH_TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["op_fftn", "op_stft", *(pytest.param(name, marks=pytest.mark.slow)
+                                                          for name in ("op_fft", "op_rfft", "op_irfft"))])
+def test_exported_transforms_train(name: str, tmp_path: Path) -> None:
+    """torch.fft and torch.stft as the dynamo exporter writes them (FNet's fftn, a magnitude spectrogram; the legacy
+    exporter writes neither): the training step matches autograd and survives a rewrite (tools/real_models.py)."""
+    outcome = check_model(name, "dynamo", tmp_path, time_limit=SOLVE_SECONDS)
+    assert not outcome.problems()
+    assert outcome.gradients_compared == outcome.gradients_written > 0

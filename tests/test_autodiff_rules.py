@@ -784,6 +784,7 @@ def test_every_rule_is_tested() -> None:
     tested = {c.op for c in cases} | {"Gemm", "MatMul", "Conv", "ConvTranspose"}
     tested |= {op for op, rule in RULES.items() if rule is NO_GRADIENT}  # test_autodiff_no_gradient.py
     tested |= {"DFT", "STFT"}  # test_autodiff_spectral.py
+    tested |= {"RoiAlign", "MaxRoiPool"}  # test_autodiff_roi.py
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
 

@@ -1,7 +1,7 @@
 """RoiAlign and MaxRoiPool gradients w.r.t. the feature map on hand-built one-node models (neither exporter writes
 them here: torchvision's compiled ops do not load): finite differences in onnx's reference runtime (RoiAlign; it has
 no MaxRoiPool), and autograd through torchvision's pure-PyTorch roi_align and a loop-per-bin max pool in
-onnxruntime. The regions are constants: they get no gradient, as in torchvision."""
+onnxruntime. The regions get no gradient, as in torchvision; RoiAlign's may be fed at run time."""
 
 from __future__ import annotations
 
@@ -10,11 +10,23 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from conftest import step_as_proto
-from onnx import TensorProto, helper, numpy_helper
-from test_autodiff_rules import Case, case_model, check, check_finite_differences, check_runtimes, rand, run_ort
+from onnx import helper, numpy_helper
+from test_autodiff_rules import (
+    TORCH_TOLERANCE,
+    Case,
+    case_model,
+    check,
+    check_finite_differences,
+    check_runtimes,
+    rand,
+    rel_err,
+    run_ort,
+    torch_grads,
+)
 
 from onnx_remat.core.errors import ModelError
 
@@ -116,9 +128,29 @@ def test_max_roi_pool(case: Case) -> None:
     check_runtimes(case)
 
 
-def test_regions_from_the_inputs_are_refused() -> None:
-    model = case_model(roi_align_case((2, 3), 2), np.float32)
-    model.graph.initializer.remove(next(i for i in model.graph.initializer if i.name == "in1"))
-    model.graph.input.append(helper.make_tensor_value_info("in1", TensorProto.FLOAT, [4, 4]))
-    with pytest.raises(ModelError, match="RoiAlign 'op': its regions depend on the graph's inputs"):
+def with_inputs(model: onnx.ModelProto, names: list[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model with those initializers made graph inputs, and their values as feeds."""
+    feeds = {}
+    for name in names:
+        init = next(i for i in model.graph.initializer if i.name == name)
+        feeds[name] = numpy_helper.to_array(init)
+        model.graph.initializer.remove(init)
+        model.graph.input.append(helper.make_tensor_value_info(name, init.data_type, list(init.dims)))
+    return model, feeds
+
+
+@pytest.mark.parametrize("fed", [["in1"], ["in1", "in2"]])
+@pytest.mark.parametrize("case", [roi_align_case((2, 3), 2), roi_align_case((3, 2), 1, half_pixel=False),
+                                  roi_align_case((2, 2), 2, scale=0.5)], ids=repr)
+def test_regions_from_the_inputs(case: Case, fed: list[str]) -> None:
+    """Regions (and their images) fed at run time: the weights computed in the graph give torch's gradient."""
+    model, feeds = with_inputs(case_model(case, np.float32), fed)
+    training = step_as_proto(model, loss="sum", freeze=["probe0"])
+    got = run_ort(training.model, feeds)["grad.in0"]
+    assert rel_err(got, torch_grads(case)["grad.in0"]) < TORCH_TOLERANCE
+
+
+def test_adaptive_sampling_of_fed_regions_is_refused() -> None:
+    model, _ = with_inputs(case_model(roi_align_case((2, 3), 0), np.float32), ["in1"])
+    with pytest.raises(ModelError, match="RoiAlign 'op': regions from the graph's inputs with adaptive sampling"):
         step_as_proto(model, loss="sum", freeze=["probe0"])

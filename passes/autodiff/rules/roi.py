@@ -1,6 +1,6 @@
 """Gradients of region-of-interest pooling w.r.t. the feature map (the regions get none, as in torchvision):
-RoiAlign (opset 10, and 16 with coordinate_transformation_mode) in avg mode, and MaxRoiPool. Both need the regions
-as constants (an initializer, or computed from them): their sampling positions are fixed when the step is built."""
+RoiAlign (opset 10, and 16 with coordinate_transformation_mode) in avg mode, and MaxRoiPool, whose bins need the
+regions as constants (an initializer, or computed from them)."""
 
 from __future__ import annotations
 
@@ -20,21 +20,71 @@ Needs = Sequence[bool]
 
 def roi_align(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """Each region's output is separable bilinear sampling, Y_r = A_r X_b A'_r^T / count_r (A_r: each output row's
-    weights over the map's rows, A'_r over its columns): dX_b sums A_r^T dY_r A'_r / count_r over b's regions."""
+    weights over the map's rows, A'_r over its columns): dX_b sums A_r^T dY_r A'_r / count_r over b's regions. The
+    weights are constants for constant regions, else computed in the graph (then with a fixed sampling_ratio)."""
     if attr_str(node, "mode", "avg") != "avg":
         raise ModelError(f"RoiAlign {node.name!r}: only mode=avg has a gradient here, not 'max'")
-    batch, channels, height, width = e.info.shape(node.inputs[0])
-    rois, images = _static_regions(e, node, node.inputs[1]), _static_regions(e, node, node.inputs[2])
+    shape = batch, channels, height, width = e.info.shape(node.inputs[0])
     scale = attr_float(node, "spatial_scale", 1.0)
     half_pixel = e.info.opset >= 16 and attr_str(node, "coordinate_transformation_mode", "half_pixel") == "half_pixel"
     out_h, out_w = attr_int(node, "output_height", 1), attr_int(node, "output_width", 1)
     ratio = attr_int(node, "sampling_ratio", 0)
-    rows, columns = [], []
-    for x1, y1, x2, y2 in rois * scale - (0.5 if half_pixel else 0.0):
-        rows.append(_bilinear_weights(y1, y2, out_h, height, ratio, half_pixel))
-        columns.append(_bilinear_weights(x1, x2, out_w, width, ratio, half_pixel))
-    per_region = _spread(e, dys[0], np.stack(rows).astype(e.dtype), np.stack(columns).astype(e.dtype))
-    return {0: _to_images(e, per_region, images.astype(np.int64), (batch, channels, height, width))}
+    rois, images = _constant(e, node.inputs[1]), _constant(e, node.inputs[2])
+    if rois is not None:
+        rows, columns = [], []
+        for x1, y1, x2, y2 in rois * scale - (0.5 if half_pixel else 0.0):
+            rows.append(_bilinear_weights(y1, y2, out_h, height, ratio, half_pixel))
+            columns.append(_bilinear_weights(x1, x2, out_w, width, ratio, half_pixel))
+        row_weights = e.const(np.stack(rows).astype(e.dtype))
+        column_weights = e.const(np.stack(columns).astype(e.dtype))
+    elif ratio > 0:
+        corners = e.op("Sub", e.scale(present(node.inputs[1]), scale), e.scalar(0.5 if half_pixel else 0.0))
+        row_weights = _sampled_weights(e, corners, (1, 3), (out_h, height, ratio), half_pixel)
+        column_weights = _sampled_weights(e, corners, (0, 2), (out_w, width, ratio), half_pixel)
+    else:
+        raise ModelError(f"RoiAlign {node.name!r}: regions from the graph's inputs with adaptive sampling "
+                         "(sampling_ratio 0) have no gradient here: export with a fixed sampling_ratio (torchvision's "
+                         "MultiScaleRoIAlign uses 2)")
+    regions = e.info.shape(node.inputs[1])[0]
+    tall = e.op("MatMul", e.op("Unsqueeze", e.transpose(row_weights, [0, 2, 1]), e.ints([1])), dys[0])
+    per_region = e.op("MatMul", tall, e.op("Unsqueeze", column_weights, e.ints([1])))  # (regions, C, H, W)
+    flat = e.reshape(per_region, [regions, channels * height * width])
+    return {0: e.reshape(e.op("MatMul", _owners(e, node.inputs[2], images, batch), flat), shape)}
+
+
+def _sampled_weights(e: Emitter, corners: ir.Value, axes: tuple[int, int], sizes: tuple[int, int, int],
+                     half_pixel: bool) -> ir.Value:
+    """(regions, bins, size) in the graph: `_bilinear_weights` for each region's corners (columns `axes` of the
+    scaled, shifted regions), with a fixed number of samples per bin."""
+    bins, size, grid = sizes
+    start, end = (e.op("Slice", corners, e.ints([a]), e.ints([a + 1]), e.ints([1])) for a in axes)  # (regions, 1)
+    extent = e.op("Sub", end, start)
+    if not half_pixel:
+        extent = e.op("Max", extent, e.scalar(1.0))
+    offsets = (np.arange(bins)[:, None] + (np.arange(grid)[None, :] + 0.5) / grid).reshape(1, -1) / bins
+    at = e.op("Add", start, e.op("Mul", extent, e.const(offsets.astype(e.dtype))))  # (regions, bins * grid)
+    inside = e.op("And", e.op("GreaterOrEqual", at, e.scalar(-1.0)), e.op("LessOrEqual", at, e.scalar(float(size))))
+    at = e.op("Max", at, e.scalar(0.0))
+    low = e.op("Min", e.op("Floor", at), e.scalar(float(size - 1)))
+    frac = e.op("Where", e.op("GreaterOrEqual", low, e.scalar(float(size - 1))), e.scalar(0.0), e.op("Sub", at, low))
+    share = e.op("Where", inside, e.scalar(1.0 / grid), e.scalar(0.0))
+    high = e.op("Min", e.op("Add", low, e.scalar(1.0)), e.scalar(float(size - 1)))
+    positions = e.const(np.arange(size, dtype=e.dtype))
+    weights = [e.op("Mul", e.op("Cast", e.op("Equal", e.op("Unsqueeze", index, e.ints([2])), positions),
+                                to=ir.DataType.from_numpy(e.dtype)),
+                    e.op("Unsqueeze", e.op("Mul", share, part), e.ints([2])))
+               for index, part in ((low, e.op("Sub", e.scalar(1.0), frac)), (high, frac))]
+    per_sample = e.reshape(e.op("Add", *weights), [-1, bins, grid, size])
+    return e.reduce_sum(per_sample, [2], keepdims=False)
+
+
+def _owners(e: Emitter, images: ir.Value | None, known: np.ndarray | None, batch: int) -> ir.Value:
+    """(batch, regions): 1 where the region is on that image."""
+    if known is not None:
+        return e.const((np.arange(batch)[:, None] == known.astype(np.int64)[None, :]).astype(e.dtype))
+    ids = e.op("Unsqueeze", present(images), e.ints([0]))
+    on = e.op("Equal", e.const(np.arange(batch, dtype=e.info.np_dtype(images))[:, None]), ids)
+    return e.op("Cast", on, to=ir.DataType.from_numpy(e.dtype))
 
 
 def _bilinear_weights(start: float, end: float, bins: int, size: int, ratio: int, half_pixel: bool) -> np.ndarray:
@@ -56,22 +106,6 @@ def _bilinear_weights(start: float, end: float, bins: int, size: int, ratio: int
             weights[b, low] += (1 - frac) / grid
             weights[b, high] += frac / grid
     return weights
-
-
-def _spread(e: Emitter, dy: ir.Value, rows: np.ndarray, columns: np.ndarray) -> ir.Value:
-    """Per region, rows^T dy columns: (regions, C, out_h, out_w) -> (regions, C, H, W)."""
-    regions, out_h, height = rows.shape
-    width = columns.shape[2]
-    tall = e.op("MatMul", e.const(rows.transpose(0, 2, 1).reshape(regions, 1, height, out_h)), dy)
-    return e.op("MatMul", tall, e.const(columns.reshape(regions, 1, -1, width)))
-
-
-def _to_images(e: Emitter, per_region: ir.Value, images: np.ndarray, shape: tuple[int, int, int, int]) -> ir.Value:
-    """Sum each region's (C, H, W) gradient into its image's."""
-    batch = shape[0]
-    owners = (np.arange(batch)[:, None] == images[None, :]).astype(e.dtype)  # (batch, regions)
-    flat = e.reshape(per_region, [len(images), math.prod(shape[1:])])
-    return e.reshape(e.op("MatMul", e.const(owners), flat), shape)
 
 
 def max_roi_pool(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
@@ -116,6 +150,14 @@ def _pool_bins(box: np.ndarray, scale: float, pooled: tuple[int, int], size: tup
             right = min(max(math.ceil((pw + 1) * extent_w / out_w) + x1, 0), width)
             cells.append([h * width + w for h in range(top, bottom) for w in range(left, right)])
     return cells
+
+
+def _constant(e: Emitter, value: ir.Value | None) -> np.ndarray | None:
+    """The value's numbers where they depend on no graph input, else None."""
+    try:
+        return np.asarray(e.info.static(value))
+    except ModelError:
+        return None
 
 
 def _static_regions(e: Emitter, node: ir.Node, value: ir.Value | None) -> np.ndarray:

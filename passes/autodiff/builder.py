@@ -27,6 +27,7 @@ from onnx_remat.passes.autodiff.training_form import (
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
+from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.shapes import WEIGHT_BYTES
 
 GRAD_PREFIX = "grad."
@@ -122,10 +123,18 @@ def _grad_name(param: ir.Value) -> str:
 
 
 def _differentiable(node: ir.Node, requires: set[ir.Value] | frozenset[ir.Value]) -> list[ir.Value]:
-    """The node's inputs that carry a gradient into it (all float inputs for ops without a rule)."""
+    """The node's inputs that carry a gradient into it (for an op without a rule every value it reads: an If's,
+    Loop's or Scan's subgraphs' outer reads too, so that one on a gradient path is named as having no rule)."""
+    return [value for value in _read(node) if value in requires]
+
+
+def _read(node: ir.Node) -> list[ir.Value]:
+    """The values whose numbers the node's output depends on: the inputs its rule differentiates, or every value it
+    reads where it has no rule."""
     rule = RULES.get(node.op_type)
-    return [i for pos, i in enumerate(node.inputs)
-            if i is not None and i in requires and (rule is None or rule.differentiates(pos, i))]
+    if rule is None:
+        return value_reads(node)
+    return [i for pos, i in enumerate(node.inputs) if i is not None and rule.differentiates(pos, i)]
 
 
 def _loss(model: ir.Model) -> ir.Value:
@@ -211,9 +220,7 @@ def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.
     for node in reversed(model.graph):
         if not any(o in values for o in node.outputs):
             continue
-        rule = RULES.get(node.op_type)
-        values |= {i for pos, i in enumerate(node.inputs)
-                   if i is not None and (rule is None or rule.differentiates(pos, i))}
+        values |= set(_read(node))
     stranded = [named(p) for p in candidates if p in values and p not in parameters]
     if not stranded:
         return

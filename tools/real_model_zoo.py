@@ -552,6 +552,17 @@ def _spectrogram(h: torch.Tensor) -> torch.Tensor:
     return torch.stft(h, 4, hop_length=2, window=torch.hann_window(4), return_complex=True).abs().flatten(1)
 
 
+def _scanned(h: torch.Tensor) -> torch.Tensor:
+    """torch's scan operator over the 12 features: a running tanh(carry + h_t) (the dynamo exporter writes a Scan)."""
+    from torch._higher_order_ops.scan import scan
+
+    def step(carry: torch.Tensor, column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        carry = torch.tanh(0.5 * carry + column)
+        return carry, carry.clone()
+
+    return scan(step, torch.zeros_like(h[:, 0]), h.transpose(0, 1))[1].transpose(0, 1)
+
+
 def _relu_rnn(*args, **kwargs) -> nn.Module:
     return nn.RNN(*args, nonlinearity="relu", **kwargs)
 
@@ -707,8 +718,8 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
 
 DYNAMO_ONLY = ("dynamo",)
 """The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im),
-max_unpool, torch.fft or a complex torch.stft at opset 17; neither exporter writes torch.cumprod (CumProd is opset
-26)."""
+max_unpool, torch.fft, a complex torch.stft or torch's scan operator at opset 17; neither exporter writes
+torch.cumprod (CumProd is opset 26)."""
 
 OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_cross_entropy": Architecture(lambda: InnerLoss(F.cross_entropy), _feature_rows, loss="sum"),
@@ -756,6 +767,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_fftn": Architecture(_op(_fftn_real), _feature_rows, loss="mse", exporters=DYNAMO_ONLY),
     "op_irfft": Architecture(lambda: OneOp(_low_pass, head=8), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_stft": Architecture(lambda: OneOp(_spectrogram, head=21), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

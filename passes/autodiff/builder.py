@@ -25,6 +25,7 @@ from onnx_remat.passes.autodiff.training_form import (
     training_form_copy,
 )
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
+from onnx_remat.passes.autodiff.unroll_scan import unroll_scans
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
 from onnx_remat.passes.reads import value_reads
@@ -88,6 +89,8 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
     model = training_form_copy(model)
     if any(n.op_type in RECURRENT_OPS for n in model.graph):
         unroll_recurrences(model, infer(model))
+    if any(n.op_type == "Scan" for n in model.graph):
+        unroll_scans(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, _loss_info(model))

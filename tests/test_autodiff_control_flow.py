@@ -1,7 +1,8 @@
-"""Control flow in training. If and Loop have no gradient rule: a step through one is refused naming it, also where
-the parameters reach the loss only through its subgraphs' reads of outer tensors (as torch.cond and the while_loop
-operator export: before, the refusal blamed an integer-only path, or found no trainable parameter). Scan (torch's
-scan operator, dynamo) is unrolled over its fixed length before differentiation."""
+"""Control flow in training. If has no gradient rule, nor a Loop that may stop early: a step through one is refused
+naming it, also where the parameters reach the loss only through its subgraphs' reads of outer tensors (as torch.cond
+and the while_loop operator export: before, the refusal blamed an integer-only path, or found no trainable
+parameter). Scan (torch's scan operator, dynamo) is unrolled over its fixed length before differentiation, and a Loop
+of constant trip count (a scripted for loop, legacy) when the model is loaded."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 from conftest import step_as_proto
@@ -17,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_autodiff_rules import TORCH_TOLERANCE, rand, rel_err, run_ort
 
 from onnx_remat.core.errors import ModelError
+from onnx_remat.passes.autodiff.unroll_loops import UnrollConstantLoops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -100,5 +103,55 @@ def test_exported_scan_trains(tmp_path: Path) -> None:
     """torch's scan operator as the dynamo exporter writes it (tools/real_models.py): the training step matches
     autograd and survives a rewrite."""
     outcome = check_model("op_scan", "dynamo", tmp_path, time_limit=SOLVE_SECONDS)
+    assert not outcome.problems()
+    assert outcome.gradients_compared == outcome.gradients_written > 0
+
+
+def loop_model(condition: str) -> onnx.ModelProto:
+    """Loop(3, true, x) over h' = tanh(h W + i), W read from the outer graph, its condition `condition` ("passed":
+    the incoming one, or "computed": i < 1, as a while loop's); outputs the last h and every 2 h' stacked."""
+    cond_out = (helper.make_node("Identity", ["cond_in"], ["cond_out"]) if condition == "passed" else
+                helper.make_node("Less", ["i", "one"], ["cond_out"]))
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "w"], ["hw"]), helper.make_node("Cast", ["i"], ["fi"], to=1),
+         helper.make_node("Add", ["hw", "fi"], ["pre"]), helper.make_node("Tanh", ["pre"], ["h_next"]),
+         helper.make_node("Add", ["h_next", "h_next"], ["y"]), cond_out],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("w", (rand(4, 4) * 0.5).astype(np.float32)), ("trips", np.array(3, np.int64)), ("true", np.array(True)),
+        ("one", np.array(1, np.int64)))]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "true", "x"], ["h_last", "ys"], name="loop", body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_constant_loop_is_unrolled_alike() -> None:
+    """A Loop of constant trip count whose condition stays true becomes its steps, with the same outputs."""
+    model = loop_model("passed")
+    unrolled = ir.from_proto(model)
+    assert UnrollConstantLoops()(unrolled).modified
+    assert not any(node.op_type == "Loop" for node in unrolled.graph)
+    feeds = {"x": rand(2, 4, seed=4).astype(np.float32)}
+    before, after = run_ort(model, feeds), run_ort(ir.to_proto(unrolled), feeds)
+    for name, value in before.items():
+        np.testing.assert_allclose(after[name], value, rtol=1e-6)
+
+
+def test_loop_that_may_stop_early_is_left() -> None:
+    assert not UnrollConstantLoops()(ir.from_proto(loop_model("computed"))).modified
+
+
+def test_exported_scripted_loop_trains(tmp_path: Path) -> None:
+    """A scripted for loop as the legacy exporter writes it (a Loop of trip count 3, its weight read inside):
+    inference and the training step match, before and after a rewrite (tools/real_models.py)."""
+    outcome = check_model("op_scripted_loop", "legacy", tmp_path, time_limit=SOLVE_SECONDS)
     assert not outcome.problems()
     assert outcome.gradients_compared == outcome.gradients_written > 0

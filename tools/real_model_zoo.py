@@ -500,6 +500,27 @@ class GridSampler(nn.Module):
         return self.head(sampled.flatten(1))
 
 
+@torch.jit.script
+def _tanh_steps(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Three steps of h = tanh(h W): a scripted loop, which the legacy exporter writes as a Loop of trip count 3."""
+    for _ in range(3):
+        h = torch.tanh(h @ weight)
+    return h
+
+
+class ScriptedLoop(nn.Module):
+    """A linear layer, a scripted loop reading its own weight in every step, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 12)
+        self.weight = nn.Parameter(torch.randn(12, 12) * 0.3)
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_tanh_steps(self.inner(x), self.weight))
+
+
 class InnerLoss(nn.Module):
     """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
 
@@ -768,6 +789,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_irfft": Architecture(lambda: OneOp(_low_pass, head=8), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_stft": Architecture(lambda: OneOp(_spectrogram, head=21), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

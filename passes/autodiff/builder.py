@@ -24,8 +24,8 @@ from onnx_remat.passes.autodiff.training_form import (
     reject_training,
     training_form_copy,
 )
+from onnx_remat.passes.autodiff.unroll_loops import unroll_scans
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
-from onnx_remat.passes.autodiff.unroll_scan import unroll_scans
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
 from onnx_remat.passes.reads import value_reads

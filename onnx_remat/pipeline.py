@@ -30,6 +30,7 @@ from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Schedule
 from onnx_remat.passes import load
 from onnx_remat.passes.autodiff import BuildTrainingStep
+from onnx_remat.passes.autodiff.unroll_loops import UnrollConstantLoops
 from onnx_remat.passes.build_problem import GraphProblem, build_problem
 from onnx_remat.passes.cost_analytic import Roofline, node_seconds
 from onnx_remat.passes.cost_load import load_ratio
@@ -149,7 +150,8 @@ def prepare(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
-    """Load and check the model, fix its input shapes, resolve every tensor's shape, in train mode build the train
+    """Load and check the model, fix its input shapes, unroll the Loops of constant trip count (whose outputs' sizes
+    shape resolution cannot know), resolve every tensor's shape, in train mode build the train
     step, expand in place the ops onnxruntime would inline out of order (ExpandFunctions, after the build: a
     HardSwish differentiated whole keeps only its input for the backward), in train mode group the nodes into
     operators, and resolve the shapes of the new tensors."""
@@ -157,7 +159,7 @@ def prepare(
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     wall, cpu = time.perf_counter(), time.thread_time()
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    original = run_passes(load.read_graph(model, dict(input_shapes or {})), [ResolveShapes()])
+    original = run_passes(load.read_graph(model, dict(input_shapes or {})), [UnrollConstantLoops(), ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
         if ExpandFunctions()(original).modified:  # else every shape is resolved already

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import conv_chain
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from onnx_remat.cli.arguments import training_options
 from onnx_remat.cli.main import command_module, main
@@ -209,22 +209,35 @@ def test_train_mode_no_remat_writes_training_graph(capsys, chain_path, tmp_path)
     assert {"loss", "grad.w0", "w0.updated"} <= names
 
 
+def _with_ops(model: onnx.ModelProto, ops: dict[int, tuple[str, str]]) -> onnx.ModelProto:
+    """conv_chain's Relus at those node indices turned into (op type, name), at opset 19: CenterCropPad keeps the
+    (1, 8, 16, 16) shape, DeformConv is a 1x1 kernel with zero offsets; neither has a gradient rule."""
+    model.opset_import[0].version = 19
+    model.graph.initializer.extend([
+        numpy_helper.from_array(np.array([1, 8, 16, 16], np.int64), "crop.shape"),
+        numpy_helper.from_array(np.eye(8, dtype=np.float32).reshape(8, 8, 1, 1), "deform.w"),
+        numpy_helper.from_array(np.zeros((1, 2, 16, 16), np.float32), "deform.offset")])
+    extra = {"CenterCropPad": ["crop.shape"], "DeformConv": ["deform.w", "deform.offset"], "Gelu": []}
+    for index, (op, name) in ops.items():
+        node = model.graph.node[index]
+        node.op_type, node.name = op, name
+        node.input.extend(extra[op])
+    return model
+
+
 def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, list[str]]]:
     """Issue 3's bad inputs to train mode: each model and the options that make it bad."""
     no_parameters = conv_chain(depth=1)
     no_parameters.graph.ClearField("initializer")
     no_parameters.graph.ClearField("node")
     no_parameters.graph.node.append(onnx.helper.make_node("Relu", ["input"], ["output"], name="relu0"))
-    no_rule = conv_chain(depth=2)
-    no_rule.graph.node[1].op_type = "Hardmax"  # relu0 -> hardmax0: a float op with no rule
-    no_rule.graph.node[1].name = "hardmax0"
+    no_rule = _with_ops(conv_chain(depth=2), {1: ("CenterCropPad", "crop0")})  # a float op with no rule
     integer = conv_chain(depth=1)
     integer.graph.node.append(onnx.helper.make_node("Cast", ["output"], ["rounded"], name="cast", to=TensorProto.INT64))
     integer.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("rounded", TensorProto.INT64, [1, 8, 16, 16]))
-    many_rules = conv_chain(depth=4)  # two Hardmax nodes, a Bernoulli and a custom-domain op: each type listed once
-    for index, (op, name) in {1: ("Hardmax", "hardmax0"), 3: ("Bernoulli", "bernoulli0"), 5: ("Hardmax", "hardmax1"),
-                              7: ("Gelu", "gelu0")}.items():
-        many_rules.graph.node[index].op_type, many_rules.graph.node[index].name = op, name
+    many_rules = _with_ops(conv_chain(depth=4), {  # two CenterCropPads, a DeformConv, a custom-domain op: each type
+        1: ("CenterCropPad", "crop0"), 3: ("DeformConv", "deform0"), 5: ("CenterCropPad", "crop1"),  # listed once
+        7: ("Gelu", "gelu0")})
     many_rules.graph.node[7].domain = "com.example"
     many_rules.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     integer_inside = conv_chain(depth=2)  # w0 reaches the float output only through an int64 cast and back
@@ -250,10 +263,10 @@ def _bad_training_models(tmp_path, capsys) -> dict[str, tuple[onnx.ModelProto, l
     [
         ("no parameters", "no trainable parameters"),
         ("target cannot match", r"cross-entropy needs an output of shape \[batch, classes\], not \[1, 8, 16, 16\]"),
-        ("no gradient rule", r"no gradient rule for these op types: Hardmax \(e\.g\. node 'hardmax0'\)"),
+        ("no gradient rule", r"no gradient rule for these op types: CenterCropPad \(e\.g\. node 'crop0'\)"),
         ("no gradient rule, several ops",
-         r"no gradient rule for these op types: Bernoulli \(e\.g\. node 'bernoulli0'\); "
-         r"Hardmax \(e\.g\. node 'hardmax0'\); "
+         r"no gradient rule for these op types: CenterCropPad \(e\.g\. node 'crop0'\); "
+         r"DeformConv \(e\.g\. node 'deform0'\); "
          r"com\.example\.Gelu \(e\.g\. node 'gelu0'\)$"),
         ("integer-only path", "integer-only path has no gradient"),
         ("integer-only path inside", "integer-only path has no gradient: parameter w0 reaches the loss only through "

@@ -1,14 +1,14 @@
 """Hugging Face transformers models, as a user has them, through the command line: export, rewrite, run.
 
 Builds tiny random-weight models from `transformers`' own classes: encoders (BERT, DistilBERT, RoBERTa, ALBERT,
-DeBERTa-v2, ELECTRA, with a padding mask; the T5 encoder), decoders (GPT-2, Llama and Mistral with grouped-query
-attention, GPT-NeoX, Phi, Qwen2, Gemma, OPT, BLOOM, Falcon), encoder-decoders (BART, Whisper), vision (ViT, CLIP's
-vision tower, DINOv2, ConvNeXt, Swin, SegFormer, MobileViT) and audio (wav2vec 2.0); 2 layers or stages, width 64 or
-less, batch 2, 16 tokens or 32x32 images. It exports each with both PyTorch exporters (every dropout probability
-zero, so outputs compare), then per model and mode runs
-`onnx-remat M.onnx OUT.onnx --mode MODE --budget min --time-limit T` and `onnx-remat run OUT.onnx --devices cpu
---check --repeats 3`, and prints a markdown table: the rewrite's exit code and wall seconds, the nodes recomputed,
-run's predicted and measured peak against the budget, its verdict and the largest difference to the whole model.
+DeBERTa-v2, ELECTRA, with a padding mask; the T5 encoder; FNet, whose token mixing is torch.fft.fftn), decoders (GPT-2,
+Llama and Mistral with grouped-query attention, GPT-NeoX, Phi, Qwen2, Gemma, OPT, BLOOM, Falcon), encoder-decoders
+(BART, Whisper), vision (ViT, CLIP's vision tower, DINOv2, ConvNeXt, Swin, SegFormer, MobileViT) and audio (wav2vec
+2.0); 2 layers or stages, width 64 or less, batch 2, 16 tokens or 32x32 images. It exports each with both PyTorch
+exporters (every dropout probability zero, so outputs compare), then per model and mode runs `onnx-remat M.onnx OUT.onnx
+--mode MODE --budget min --time-limit T` and `onnx-remat run OUT.onnx --devices cpu --check --repeats 3`, and prints a
+markdown table: the rewrite's exit code and wall seconds, the nodes recomputed, run's predicted and measured peak
+against the budget, its verdict and the largest difference to the whole model.
 
 `transformers` is a benchmark-only dependency (`pip install transformers`), never one of the package. The legacy
 exporter fails in PyTorch itself on the causal language models of transformers 5 (`aten::diff`); the table says so.
@@ -85,6 +85,9 @@ def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
         "albert": lambda: build(hf.AlbertModel, hf.AlbertConfig(**text, embedding_size=32), padded),
         "deberta_v2": lambda: build(hf.DebertaV2Model, hf.DebertaV2Config(**text), padded),
         "electra": lambda: build(hf.ElectraModel, hf.ElectraConfig(**text, embedding_size=32), padded),
+        "fnet": lambda: build(hf.FNetModel, hf.FNetConfig(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64),
+            tokens),
         "gpt_neox": lambda: build(hf.GPTNeoXForCausalLM, hf.GPTNeoXConfig(**text), tokens),
         "phi": lambda: build(hf.PhiForCausalLM, hf.PhiConfig(**decoder), tokens),
         "qwen2": lambda: build(hf.Qwen2ForCausalLM, hf.Qwen2Config(**decoder), tokens),

@@ -500,6 +500,27 @@ class GridSampler(nn.Module):
         return self.head(sampled.flatten(1))
 
 
+@torch.jit.script
+def _tanh_steps(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Three steps of h = tanh(h W): a scripted loop, which the legacy exporter writes as a Loop of trip count 3."""
+    for _ in range(3):
+        h = torch.tanh(h @ weight)
+    return h
+
+
+class ScriptedLoop(nn.Module):
+    """A linear layer, a scripted loop reading its own weight in every step, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 12)
+        self.weight = nn.Parameter(torch.randn(12, 12) * 0.3)
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_tanh_steps(self.inner(x), self.weight))
+
+
 class InnerLoss(nn.Module):
     """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
 
@@ -534,6 +555,33 @@ def _squashed(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Ten
 
 def _op(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], nn.Module]:
     return lambda: OneOp(fn)
+
+
+def _fftn_real(h: torch.Tensor) -> torch.Tensor:
+    """FNet's token mixing: the real part of a 2-D DFT over sequence and hidden."""
+    return torch.fft.fftn(h, dim=(1, 2)).real
+
+
+def _low_pass(h: torch.Tensor) -> torch.Tensor:
+    """A spectral layer: the signal's first 5 of 7 frequencies, back to 8 samples (the dynamo exporter cannot pad
+    a complex tensor: no 12 samples from 5 frequencies)."""
+    return torch.fft.irfft(torch.fft.rfft(h)[..., :5], n=8)
+
+
+def _spectrogram(h: torch.Tensor) -> torch.Tensor:
+    """Each row's magnitude spectrogram: 4-sample Hann frames every 2, reflect-padded (torch.stft's default)."""
+    return torch.stft(h, 4, hop_length=2, window=torch.hann_window(4), return_complex=True).abs().flatten(1)
+
+
+def _scanned(h: torch.Tensor) -> torch.Tensor:
+    """torch's scan operator over the 12 features: a running tanh(carry + h_t) (the dynamo exporter writes a Scan)."""
+    from torch._higher_order_ops.scan import scan
+
+    def step(carry: torch.Tensor, column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        carry = torch.tanh(0.5 * carry + column)
+        return carry, carry.clone()
+
+    return scan(step, torch.zeros_like(h[:, 0]), h.transpose(0, 1))[1].transpose(0, 1)
 
 
 def _relu_rnn(*args, **kwargs) -> nn.Module:
@@ -690,8 +738,9 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
 """Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
 
 DYNAMO_ONLY = ("dynamo",)
-"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im) or
-max_unpool at opset 17; neither exporter writes torch.cumprod (CumProd is opset 26)."""
+"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im),
+max_unpool, torch.fft, a complex torch.stft or torch's scan operator at opset 17; neither exporter writes
+torch.cumprod (CumProd is opset 26)."""
 
 OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_cross_entropy": Architecture(lambda: InnerLoss(F.cross_entropy), _feature_rows, loss="sum"),
@@ -733,6 +782,14 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_rnn_relu": Architecture(lambda: Recurrent(_relu_rnn, bidirectional=True), _sequence, loss="mse"),
     "op_grid_sample": Architecture(lambda: GridSampler(align_corners=False), _tiny_image, loss="mse"),
     "op_grid_sample_aligned": Architecture(lambda: GridSampler(align_corners=True), _tiny_image, loss="mse"),
+    "op_fft": Architecture(_op(lambda h: torch.fft.fft(h).imag), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_rfft": Architecture(lambda: OneOp(lambda h: torch.view_as_real(torch.fft.rfft(h)).flatten(1), head=14),
+                            _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_fftn": Architecture(_op(_fftn_real), _feature_rows, loss="mse", exporters=DYNAMO_ONLY),
+    "op_irfft": Architecture(lambda: OneOp(_low_pass, head=8), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_stft": Architecture(lambda: OneOp(_spectrogram, head=21), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
+    "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

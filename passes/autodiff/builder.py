@@ -24,9 +24,11 @@ from onnx_remat.passes.autodiff.training_form import (
     reject_training,
     training_form_copy,
 )
+from onnx_remat.passes.autodiff.unroll_loops import unroll_scans
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
+from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.shapes import WEIGHT_BYTES
 
 GRAD_PREFIX = "grad."
@@ -87,6 +89,8 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
     model = training_form_copy(model)
     if any(n.op_type in RECURRENT_OPS for n in model.graph):
         unroll_recurrences(model, infer(model))
+    if any(n.op_type == "Scan" for n in model.graph):
+        unroll_scans(model, infer(model))
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, _loss_info(model))
@@ -122,10 +126,18 @@ def _grad_name(param: ir.Value) -> str:
 
 
 def _differentiable(node: ir.Node, requires: set[ir.Value] | frozenset[ir.Value]) -> list[ir.Value]:
-    """The node's inputs that carry a gradient into it (all float inputs for ops without a rule)."""
+    """The node's inputs that carry a gradient into it (for an op without a rule every value it reads: an If's,
+    Loop's or Scan's subgraphs' outer reads too, so that one on a gradient path is named as having no rule)."""
+    return [value for value in _read(node) if value in requires]
+
+
+def _read(node: ir.Node) -> list[ir.Value]:
+    """The values whose numbers the node's output depends on: the inputs its rule differentiates, or every value it
+    reads where it has no rule."""
     rule = RULES.get(node.op_type)
-    return [i for pos, i in enumerate(node.inputs)
-            if i is not None and i in requires and (rule is None or rule.differentiates(pos, i))]
+    if rule is None:
+        return value_reads(node)
+    return [i for pos, i in enumerate(node.inputs) if i is not None and rule.differentiates(pos, i)]
 
 
 def _loss(model: ir.Model) -> ir.Value:
@@ -205,14 +217,13 @@ def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) ->
 def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.Value],
                           parameters: tuple[ir.Value, ...], requires: set[ir.Value]) -> None:
     """ModelError for parameters whose values reach the loss only through integer or boolean tensors (a Cast
-    to int, an ArgMax): they would silently get no gradient. Shape and Size read no values."""
+    to int, an ArgMax): they would silently get no gradient. Paths through NO_GRADIENT's ops (Shape, a random
+    draw) do not count."""
     values: set[ir.Value] = {_loss(model)}
     for node in reversed(model.graph):
-        if node.op_type in ("Shape", "Size") or not any(o in values for o in node.outputs):
+        if not any(o in values for o in node.outputs):
             continue
-        rule = RULES.get(node.op_type)
-        values |= {i for pos, i in enumerate(node.inputs)
-                   if i is not None and (rule is None or rule.differentiates(pos, i))}
+        values |= set(_read(node))
     stranded = [named(p) for p in candidates if p in values and p not in parameters]
     if not stranded:
         return

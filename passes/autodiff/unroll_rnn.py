@@ -28,7 +28,7 @@ RNN_ACTIVATIONS = ("Tanh", "Relu")
 """The RNN activations PyTorch writes (nn.RNN's nonlinearity), the same in both directions."""
 
 
-class _Steps:
+class Steps:
     """Appends nodes named `<rnn>/unrolled/<k>` whose single output is named like the node."""
 
     def __init__(self, owner: str, dtype: np.dtype) -> None:
@@ -93,7 +93,7 @@ def _unroll(node: ir.Node, info: GraphInfo) -> list[ir.Node]:
     hidden = attr_int(node, "hidden_size")
     layout = attr_int(node, "layout", 0)
     direction = attr_str(node, "direction", "forward")
-    steps = _Steps(named(node), info.np_dtype(x))
+    steps = Steps(named(node), info.np_dtype(x))
     sequence = present(x)
     if layout:
         sequence = steps.op("Transpose", sequence, perm=[1, 0, 2])
@@ -139,7 +139,7 @@ class _Weights:
         self.recurrence_bias = recurrence_bias
 
 
-def _direction_weights(steps: _Steps, op_type: str, w: ir.Value, r: ir.Value, b: ir.Value | None, d: int,
+def _direction_weights(steps: Steps, op_type: str, w: ir.Value, r: ir.Value, b: ir.Value | None, d: int,
                        hidden: int) -> _Weights:
     """W^T and R^T of direction d; the input bias Wb (+ Rb, except GRU's candidate part, kept apart as Rb_h)."""
     input_t = steps.op("Transpose", steps.pick(w, d))
@@ -152,7 +152,7 @@ def _direction_weights(steps: _Steps, op_type: str, w: ir.Value, r: ir.Value, b:
     return _Weights(input_t, recurrence_t, wb, rb)
 
 
-Cell = Callable[[_Steps, ir.Value, ir.Value, ir.Value | None, _Weights, int], tuple[ir.Value, ir.Value | None]]
+Cell = Callable[[Steps, ir.Value, ir.Value, ir.Value | None, _Weights, int], tuple[ir.Value, ir.Value | None]]
 
 
 def _cell(node: ir.Node) -> Cell:
@@ -167,14 +167,14 @@ def _cell(node: ir.Node) -> Cell:
 def _rnn_cell(activation: str) -> Cell:
     """One RNN step: H = f(x W^T + h R^T + Wb + Rb)."""
 
-    def cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+    def cell(steps: Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
              ) -> tuple[ir.Value, ir.Value | None]:
         return steps.op(activation, steps.op("Add", xw, steps.op("MatMul", h, weights.recurrence_t))), None
 
     return cell
 
 
-def _lstm_cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+def _lstm_cell(steps: Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
                ) -> tuple[ir.Value, ir.Value | None]:
     """One LSTM step (gates i, o, f, c): C = f*C + i*tanh(.), H = o*tanh(C)."""
     gates = steps.op("Add", xw, steps.op("MatMul", h, weights.recurrence_t))
@@ -187,7 +187,7 @@ def _lstm_cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, wei
 def _gru_cell(linear_before_reset: int) -> Cell:
     """One GRU step (gates z, r, h): H = (1-z)*h + z*H, the candidate reset before or after its linear map."""
 
-    def cell(steps: _Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
+    def cell(steps: Steps, xw: ir.Value, h: ir.Value, c: ir.Value | None, weights: _Weights, hidden: int
              ) -> tuple[ir.Value, ir.Value | None]:
         xz, xr, xh = steps.split(xw, GRU_GATES, hidden, 1)
         rt = weights.recurrence_t

@@ -14,11 +14,13 @@ from onnx_remat.passes.autodiff.rules import (
     norm,
     pool,
     resize,
+    roi,
     shape,
+    spectral,
     trig,
 )
 from onnx_remat.passes.autodiff.rules import elementwise as ew
-from onnx_remat.passes.autodiff.rules.base import GradFn, Rule
+from onnx_remat.passes.autodiff.rules.base import NO_GRADIENT, GradFn, Rule
 
 RULES: dict[str, Rule] = {
     # arithmetic with broadcasting
@@ -75,10 +77,6 @@ RULES: dict[str, Rule] = {
     "Shrink": Rule(activation.shrink),
     "ThresholdedRelu": Rule(activation.thresholded_relu),
     "Swish": Rule(activation.swish),
-    "Sign": Rule(ew.piecewise_constant, ()),
-    "Round": Rule(ew.piecewise_constant, ()),
-    "Floor": Rule(ew.piecewise_constant, ()),
-    "Ceil": Rule(ew.piecewise_constant, ()),
     # ops with weights
     "Gemm": Rule(linear.gemm, (0, 1, 2)),
     "MatMul": Rule(linear.matmul, (0, 1)),
@@ -136,6 +134,8 @@ RULES: dict[str, Rule] = {
     "SpaceToDepth": Rule(shape.space_to_depth),
     "Resize": Rule(resize.resize),
     "GridSample": Rule(grid_sample.grid_sample, (0, 1)),
+    "RoiAlign": Rule(roi.roi_align),
+    "MaxRoiPool": Rule(roi.max_roi_pool),
     "AffineGrid": Rule(grid_sample.affine_grid),
     "ReverseSequence": Rule(movement.reverse_sequence),
     "Col2Im": Rule(movement.col2im),
@@ -146,6 +146,22 @@ RULES: dict[str, Rule] = {
     "ScatterND": Rule(gather.scatter_nd, (0, 2)),
     "ScatterElements": Rule(gather.scatter_elements, (0, 2)),
     "TopK": Rule(gather.top_k),
+    # Fourier transforms
+    "DFT": Rule(spectral.dft),
+    "STFT": Rule(spectral.stft, (0, 2), computed_only=(2,)),
+    # outputs that pass no gradient to their inputs: piecewise constant, random draws, or reading only a shape
+    "Sign": NO_GRADIENT,
+    "Round": NO_GRADIENT,
+    "Floor": NO_GRADIENT,
+    "Ceil": NO_GRADIENT,
+    "Hardmax": NO_GRADIENT,
+    "Bernoulli": NO_GRADIENT,
+    "Multinomial": NO_GRADIENT,
+    "RandomNormalLike": NO_GRADIENT,
+    "RandomUniformLike": NO_GRADIENT,
+    "EyeLike": NO_GRADIENT,
+    "Shape": NO_GRADIENT,
+    "Size": NO_GRADIENT,
 }
 
 __all__ = ["RULES", "GradFn", "Rule"]

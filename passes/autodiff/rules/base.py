@@ -30,3 +30,14 @@ class Rule:
         if position in self.computed_only and value.producer() is None:
             return False
         return self.inputs is None or position in self.inputs
+
+
+def no_gradient(e: Emitter, node: ir.Node, dys: Sequence[ir.Value], needs: Sequence[bool]) -> dict[int, ir.Value]:
+    """An op whose output passes no gradient to its inputs (differentiates no input, so it is never called)."""
+    return {}
+
+
+NO_GRADIENT = Rule(no_gradient, ())
+"""The rule of ops whose inputs get no gradient from them, as in torch: piecewise-constant ones (zero slope almost
+everywhere), random draws, and ops that read only their input's shape. A parameter reaching the loss only through
+them is not trained, and the integer-path check does not count such a path."""

@@ -202,9 +202,3 @@ def extremum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, i
     hits = [e.op("Cast", e.op("Equal", x, y), to=e.info.dtype(y)) for x in node.inputs]
     share = e.op("Div", dys[0], e.op("Sum", *hits))
     return _to_inputs(e, node, {i: e.op("Mul", share, hit) for i, hit in enumerate(hits) if needs[i]}, needs)
-
-
-def piecewise_constant(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """Sign, Round, Floor, Ceil: zero slope almost everywhere (as torch), so no gradient passes (the rule
-    differentiates no input and is never called)."""
-    return {}

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_int, attr_ints, attr_str
+from onnx_remat.passes.autodiff.rules import padding
 
 Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
@@ -87,13 +87,14 @@ def _slice_ranges(e: Emitter, node: ir.Node, shape: Sequence[int]) -> list[range
 
 
 def pad(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """Constant-mode Pad: slice away the padding (and zero-pad back what negative pads cropped)."""
+    """Constant-mode Pad: slice away the padding (and zero-pad back what negative pads cropped); the other modes
+    add the padding's gradient to the elements it copies (padding.copied_back)."""
     mode = attr_str(node, "mode", "constant")
-    if mode != "constant":
-        raise ModelError(f"Pad {node.name!r}: only mode=constant has a gradient here, not {mode!r}")
     shape = e.info.shape(node.inputs[0])
+    if mode != "constant":
+        return {0: padding.copied_back(e, node, dys[0], mode, shape)}
     rank = len(shape)
-    pads = e.info.static(node.inputs[1]).tolist()
+    pads = padding.full_pads(e, node, rank)
     begin, end = pads[:rank], pads[rank:]
     kept = [n - max(-b, 0) - max(-f, 0) for n, b, f in zip(shape, begin, end, strict=True)]
     starts = [max(b, 0) for b in begin]

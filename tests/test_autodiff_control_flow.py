@@ -1,0 +1,157 @@
+"""Control flow in training. If has no gradient rule, nor a Loop that may stop early: a step through one is refused
+naming it, also where the parameters reach the loss only through its subgraphs' reads of outer tensors (as torch.cond
+and the while_loop operator export: before, the refusal blamed an integer-only path, or found no trainable
+parameter). Scan (torch's scan operator, dynamo) is unrolled over its fixed length before differentiation, and a Loop
+of constant trip count (a scripted for loop, legacy) when the model is loaded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+import torch
+from conftest import step_as_proto
+from onnx import TensorProto, helper, numpy_helper
+from test_autodiff_rules import TORCH_TOLERANCE, rand, rel_err, run_ort
+
+from onnx_remat.core.errors import ModelError
+from onnx_remat.passes.autodiff.unroll_loops import UnrollConstantLoops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from real_models import check as check_model  # noqa: E402
+
+SOLVE_SECONDS = 2.0
+"""Each solve stops by then with its best schedule, which is checked: nothing here waits for a proof."""
+
+
+def branch(name: str, op: str) -> object:
+    """A branch applying op to the outer tensor h."""
+    out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2, 3])
+    return helper.make_graph([helper.make_node(op, ["h"], [f"{name}_out"])], name, [], [out])
+
+
+def test_if_reading_parameters_in_its_branches_is_named() -> None:
+    """torch.cond(h.sum() > 0, relu, tanh, (h,)) with h = w * x: w reaches the loss through the branches, and the
+    condition alone through a boolean."""
+    nodes = [helper.make_node("Mul", ["w", "x"], ["h"]),
+             helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["positive"]),
+             helper.make_node("If", ["positive"], ["output"], name="cond", then_branch=branch("then", "Relu"),
+                              else_branch=branch("else", "Tanh"))]
+    inits = [numpy_helper.from_array(np.ones((2, 3), np.float32), "w"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    with pytest.raises(ModelError, match=r"no gradient rule for these op types: If \(e.g. node 'cond'\)"):
+        step_as_proto(model, loss="sum", freeze=["zero"])
+
+
+def scan_model(directions: tuple[int, int], axes: tuple[int, int]) -> onnx.ModelProto:
+    """A recurrence h' = tanh(h W + x_t), W read from the outer graph only, over 3 steps of xs (scanned along
+    axes[0], in direction directions[0]); outputs every h' (stacked along axes[1], in directions[1]) and the last."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "w"], ["hw"]), helper.make_node("Add", ["hw", "x_t"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_next"]), helper.make_node("Identity", ["h_next"], ["y_t"])],
+        "body", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in ("h", "x_t")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in ("h_next", "y_t")])
+    scan = helper.make_node("Scan", ["h0", "xs"], ["h_last", "ys"], name="scan", body=body, num_scan_inputs=1,
+                            scan_input_directions=[directions[0]], scan_output_directions=[directions[1]],
+                            scan_input_axes=[axes[0]], scan_output_axes=[axes[1]])
+    nodes = [scan, helper.make_node("Mul", ["ys", "probe"], ["weighted"]),
+             helper.make_node("ReduceSum", ["weighted"], ["part"], keepdims=0),
+             helper.make_node("ReduceSum", ["h_last"], ["last"], keepdims=0),
+             helper.make_node("Add", ["part", "last"], ["output"])]
+    ys_shape = [2, 4]
+    ys_shape.insert(axes[1], 3)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("w", rand(4, 4) * 0.5), ("h0", rand(2, 4, seed=1)), ("probe", rand(*ys_shape, seed=2)))]
+    xs_shape = [2, 4]
+    xs_shape.insert(axes[0], 3)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("xs", TensorProto.FLOAT, xs_shape)],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize(("directions", "axes"), [((0, 0), (0, 0)), ((1, 0), (1, 2)), ((0, 1), (0, 1))])
+def test_scan_is_unrolled_and_trained(directions: tuple[int, int], axes: tuple[int, int]) -> None:
+    """The unrolled steps' gradients of W and h0 (W read only inside the body) match torch's for the same
+    recurrence, forward or reversed, along other axes."""
+    model = scan_model(directions, axes)
+    values = {i.name: torch.tensor(numpy_helper.to_array(i), dtype=torch.float64, requires_grad=i.name != "probe")
+              for i in model.graph.initializer}
+    xs = rand(*[d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], seed=3)
+    training = step_as_proto(model, loss="sum", freeze=["probe"])
+    got = run_ort(training.model, {"xs": xs.astype(np.float32)})
+    h, ys = values["h0"], []
+    steps = torch.tensor(xs).movedim(axes[0], 0)
+    for x in (steps.flip(0) if directions[0] else steps):
+        h = torch.tanh(h @ values["w"] + x)
+        ys.append(h)
+    stacked = torch.stack(ys[::-1] if directions[1] else ys, axes[1])
+    ((stacked * values["probe"]).sum() + h.sum()).backward()
+    for name in ("w", "h0"):
+        assert rel_err(got[f"grad.{name}"], values[name].grad.numpy()) < TORCH_TOLERANCE
+
+
+def test_exported_scan_trains(tmp_path: Path) -> None:
+    """torch's scan operator as the dynamo exporter writes it (tools/real_models.py): the training step matches
+    autograd and survives a rewrite."""
+    outcome = check_model("op_scan", "dynamo", tmp_path, time_limit=SOLVE_SECONDS)
+    assert not outcome.problems()
+    assert outcome.gradients_compared == outcome.gradients_written > 0
+
+
+def loop_model(condition: str) -> onnx.ModelProto:
+    """Loop(3, true, x) over h' = tanh(h W + i), W read from the outer graph, its condition `condition` ("passed":
+    the incoming one, or "computed": i < 1, as a while loop's); outputs the last h and every 2 h' stacked."""
+    cond_out = (helper.make_node("Identity", ["cond_in"], ["cond_out"]) if condition == "passed" else
+                helper.make_node("Less", ["i", "one"], ["cond_out"]))
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h", "w"], ["hw"]), helper.make_node("Cast", ["i"], ["fi"], to=1),
+         helper.make_node("Add", ["hw", "fi"], ["pre"]), helper.make_node("Tanh", ["pre"], ["h_next"]),
+         helper.make_node("Add", ["h_next", "h_next"], ["y"]), cond_out],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("w", (rand(4, 4) * 0.5).astype(np.float32)), ("trips", np.array(3, np.int64)), ("true", np.array(True)),
+        ("one", np.array(1, np.int64)))]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "true", "x"], ["h_last", "ys"], name="loop", body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_constant_loop_is_unrolled_alike() -> None:
+    """A Loop of constant trip count whose condition stays true becomes its steps, with the same outputs."""
+    model = loop_model("passed")
+    unrolled = ir.from_proto(model)
+    assert UnrollConstantLoops()(unrolled).modified
+    assert not any(node.op_type == "Loop" for node in unrolled.graph)
+    feeds = {"x": rand(2, 4, seed=4).astype(np.float32)}
+    before, after = run_ort(model, feeds), run_ort(ir.to_proto(unrolled), feeds)
+    for name, value in before.items():
+        np.testing.assert_allclose(after[name], value, rtol=1e-6)
+
+
+def test_loop_that_may_stop_early_is_left() -> None:
+    assert not UnrollConstantLoops()(ir.from_proto(loop_model("computed"))).modified
+
+
+def test_exported_scripted_loop_trains(tmp_path: Path) -> None:
+    """A scripted for loop as the legacy exporter writes it (a Loop of trip count 3, its weight read inside):
+    inference and the training step match, before and after a rewrite (tools/real_models.py)."""
+    outcome = check_model("op_scripted_loop", "legacy", tmp_path, time_limit=SOLVE_SECONDS)
+    assert not outcome.problems()
+    assert outcome.gradients_compared == outcome.gradients_written > 0

@@ -12,9 +12,12 @@ So sessions use ORT_DISABLE_ALL, and still disable CSE by name so a raised level
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +25,29 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from onnx_remat.core.errors import ModelError
+
 ModelLike = onnx.ModelProto | bytes | str | Path
 
 _KERNEL_SUFFIX = "_kernel_time"
+_NODE_FAILURE = re.compile(r"running (?P<op>\w+) node\. Name:'(?P<node>[^']*)' Status Message: (?P<message>.*)", re.S)
+"""How onnxruntime reports a node it could not run (session.run raises its Fail, run_with_iobinding a RuntimeError)."""
+
+
+@contextlib.contextmanager
+def node_failures_refused() -> Iterator[None]:
+    """Turn onnxruntime's failure to run a node into a ModelError naming the node: a model the ONNX checker passes
+    may still not run (the dynamo exporter of PyTorch 2.13 writes a bias-free Conv3d's zero bias with shape [C, 2])."""
+    try:
+        yield
+    except (RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail) as exc:
+        found = _NODE_FAILURE.search(str(exc))
+        if found is None:
+            raise
+        message = " ".join(found["message"].split())
+        raise ModelError(f"onnxruntime cannot run node {found['node']!r} ({found['op']}): {message}; check that "
+                         "onnxruntime runs the model as it was given (an exporter can write a model it refuses)"
+                         ) from exc
 
 
 def session_options(profile: bool = False, threads: int | None = None) -> ort.SessionOptions:
@@ -79,7 +102,8 @@ def _random_value(value: onnx.ValueInfoProto, rng: np.random.Generator) -> np.nd
 
 def run(model: ModelLike, feeds: dict[str, np.ndarray], threads: int | None = None) -> list[np.ndarray]:
     """The model's outputs for `feeds`, in graph output order."""
-    return ort_session(model, threads=threads).run(None, feeds)
+    with node_failures_refused():
+        return ort_session(model, threads=threads).run(None, feeds)
 
 
 def executed_node_names(model: ModelLike, feeds: dict[str, np.ndarray]) -> list[str]:

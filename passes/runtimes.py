@@ -32,7 +32,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from onnx_remat.core.devices import Device
-from onnx_remat.passes.execute import session_options
+from onnx_remat.passes.execute import node_failures_refused, session_options
 
 if TYPE_CHECKING:  # imported where an OpenVINO device runs: 0.15-0.2 s a command on the CPU alone does not need
     import openvino as ov
@@ -98,7 +98,8 @@ class OnnxRuntime(Runtime):
                 binding.bind_ortvalue_input(name, value)
             for name in names:  # bound anew every call: a bound output is otherwise overwritten by the next run
                 binding.bind_output(name, self.memory)
-            session.run_with_iobinding(binding)
+            with node_failures_refused():
+                session.run_with_iobinding(binding)
             outputs = dict(zip(names, binding.get_outputs(), strict=True))
             binding.clear_binding_inputs()  # the binding would keep inputs and outputs alive until the next call
             binding.clear_binding_outputs()
@@ -112,7 +113,8 @@ class OnnxRuntime(Runtime):
             options.enable_profiling = True
             options.profile_file_prefix = str(Path(directory) / "profile")
             session = self._session(model, options)
-            session.run(None, feeds)
+            with node_failures_refused():
+                session.run(None, feeds)
             for _ in range(runs):
                 session.run(None, feeds)
             events = json.loads(Path(session.end_profiling()).read_text())

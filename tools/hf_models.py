@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from command_rows import ALIGNMENT, HEADER, row
 from real_model_zoo import import_torchvision
 
 BATCH, TOKENS, VOCAB = 2, 16, 500
@@ -197,33 +195,6 @@ def export(name: str, exporter: str, path: Path, training: bool = False, batch: 
     return ""
 
 
-def _cli(*arguments: str) -> tuple[int, float, str]:
-    """`onnx-remat ARGUMENTS` beside this Python: exit code, wall seconds, stdout and stderr."""
-    start = time.perf_counter()
-    done = subprocess.run([str(Path(sys.executable).with_name("onnx-remat")), *arguments], capture_output=True,
-                          text=True, check=False)
-    return done.returncode, time.perf_counter() - start, done.stdout + done.stderr
-
-
-def row(model: Path, mode: str, time_limit: float, folder: Path) -> list[str]:
-    """One table row: the rewrite at the minimum budget, then `run --check` of it."""
-    out, report = folder / f"{model.stem}.{mode}.onnx", folder / f"{model.stem}.{mode}.json"
-    code, seconds, said = _cli(str(model), str(out), "--mode", mode, "--budget", "min", "--time-limit",
-                               str(time_limit), "--report", str(report), "--force", "-q")
-    if code != 0:
-        return [str(code), f"{seconds:.1f}", "-", "-", "-", said.strip().splitlines()[-1][:80], "-"]
-    recomputed = json.loads(report.read_text())["recomputed_nodes"]
-    code, _, said = _cli("run", str(out), "--devices", "cpu", "--check", "--repeats", "3")
-    peak = re.search(r"predicted peak ([\d.]+ \w+), measured peak ([\d.]+ \w+)(?: \(([^)]*)\))? \(budget ([\d.]+ \w+), "
-                     r"([^)]*)\)", said)
-    difference = re.search(r"largest difference to the whole model in onnxruntime: (\S+)", said)
-    if peak is None:
-        return ["0", f"{seconds:.1f}", str(recomputed), "-", "-", f"run exit {code}", "-"]
-    spread = f" ({peak[3]})" if peak[3] else ""
-    return ["0", f"{seconds:.1f}", str(recomputed), peak[1], f"{peak[2]}{spread} / {peak[4]}", peak[5],
-            difference[1] if difference else "-"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated names (default: all)")
@@ -233,9 +204,8 @@ def main() -> None:
                         "few KiB, near the measurement's resolution; 32 or more for memory figures")
     parser.add_argument("--out", type=Path, help="keep the exports and rewrites here (default: a temporary folder)")
     args = parser.parse_args()
-    print("| model | exporter | mode | rewrite exit | s | recomputed nodes | run predicted | measured / budget "
-          "| verdict | max diff |")
-    print("| --- | --- | --- | --- | ---: | ---: | --- | --- | --- | --- |")
+    print("| model | exporter | mode | " + HEADER)
+    print("| --- | --- | --- |" + ALIGNMENT)
     with tempfile.TemporaryDirectory() as temporary:
         folder = args.out or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)

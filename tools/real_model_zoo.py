@@ -606,6 +606,18 @@ def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
     return lambda: getattr(import_torchvision().models, name)(weights=None, **kwargs)
 
 
+def _without_stochastic_depth(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """`build`'s model with its stochastic depth off (swin_v2_t's builder fixes the rate): drawn in training mode,
+    it would differ between the training step and autograd."""
+    def built() -> nn.Module:
+        model = build()
+        for m in model.modules():
+            if isinstance(m, import_torchvision().ops.StochasticDepth):
+                m.p = 0.0
+        return model
+    return built
+
+
 def _vit() -> nn.Module:
     return import_torchvision().models.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10)
@@ -623,6 +635,42 @@ def _maxvit() -> nn.Module:
         head_dim=8, stochastic_depth_prob=0.0, num_classes=10)
 
 
+class OutTensor(nn.Module):
+    """A torchvision segmentation model's "out" tensor, not its dict of outputs (a training loss needs a tensor)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["out"]
+
+
+class LastFlow(nn.Module):
+    """RAFT's last flow estimate between two images after `updates` refinements (unrolled by the exporters), not the
+    list of every estimate."""
+
+    def __init__(self, model: nn.Module, updates: int = 2) -> None:
+        super().__init__()
+        self.model, self.updates = model, updates
+
+    def forward(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        return self.model(first, second, num_flow_updates=self.updates)[-1]
+
+
+def _raft_small() -> nn.Module:
+    return LastFlow(import_torchvision().models.optical_flow.raft_small(weights=None))
+
+
+def _segmentation(name: str, **kwargs) -> Callable[[], nn.Module]:
+    return lambda: OutTensor(getattr(import_torchvision().models.segmentation, name)(
+        weights=None, weights_backbone=None, num_classes=4, **kwargs))
+
+
+def _video(name: str, **kwargs) -> Callable[[], nn.Module]:
+    return lambda: getattr(import_torchvision().models.video, name)(weights=None, num_classes=10, **kwargs)
+
+
 def _image() -> tuple[torch.Tensor, ...]:
     """64x64 keeps the last BatchNorm at 2x2: over 1x1 and batch 2, float32 training is ill-conditioned."""
     return (torch.randn(2, 3, 64, 64),)
@@ -630,6 +678,22 @@ def _image() -> tuple[torch.Tensor, ...]:
 
 def _small_image() -> tuple[torch.Tensor, ...]:
     return (torch.randn(2, 3, 32, 32),)
+
+
+def _large_image() -> tuple[torch.Tensor, ...]:
+    """224x224: AlexNet's features are then 6x6, the size its adaptive pooling asks for; the legacy exporter refuses
+    an adaptive pooling whose output size does not divide its input's (1x1 at 64x64)."""
+    return (torch.randn(2, 3, 224, 224),)
+
+
+def _image_pair() -> tuple[torch.Tensor, ...]:
+    """Two 128x128 frames: RAFT's correlation pyramid needs feature maps of 16x16 at least (1/8 of the image)."""
+    return torch.randn(2, 3, 128, 128), torch.randn(2, 3, 128, 128)
+
+
+def _clip() -> tuple[torch.Tensor, ...]:
+    """A video clip, (batch, channels, 4 frames, 32, 32)."""
+    return (torch.randn(2, 3, 4, 32, 32),)
 
 
 def _tokens() -> tuple[torch.Tensor, ...]:
@@ -721,6 +785,14 @@ ARCHITECTURES: dict[str, Architecture] = {
     "whisper_encoder": Architecture(WhisperEncoder, _log_mel, loss="mse"),
 }
 
+LEGACY_ONLY = ("legacy",)
+"""The dynamo exporter of PyTorch 2.13 (onnxscript 0.7.2's aten_conv3d) writes a bias-free Conv3d's zero bias with
+shape [out_channels, 2], which onnxruntime refuses to run."""
+DYNAMO_ONLY = ("dynamo",)
+"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im),
+max_unpool, torch.fft, a complex torch.stft or torch's scan operator at opset 17; neither exporter writes
+torch.cumprod (CumProd is opset 26)."""
+
 MORE_ARCHITECTURES: dict[str, Architecture] = {
     "efficientnet_b0": Architecture(_vision("efficientnet_b0", num_classes=10, stochastic_depth_prob=0.0), _image),
     "convnext_tiny": Architecture(_vision("convnext_tiny", num_classes=10, stochastic_depth_prob=0.0), _image,
@@ -734,13 +806,32 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
     "swin": Architecture(_swin, _small_image),
     "maxvit": Architecture(_maxvit, _image),
     "vit_encoder": Architecture(VitEncoder, _small_image),
+    "shufflenet_v2_x0_5": Architecture(_vision("shufflenet_v2_x0_5", num_classes=10), _image),
+    "regnet_x_400mf": Architecture(_vision("regnet_x_400mf", num_classes=10), _image),
+    "mobilenet_v3_large": Architecture(_vision("mobilenet_v3_large", num_classes=10), _image),
+    "lraspp_mobilenet_v3_large": Architecture(_segmentation("lraspp_mobilenet_v3_large"), _image, loss="mse"),
+    "r3d_18": Architecture(_video("r3d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
+    "mc3_18": Architecture(_video("mc3_18"), _clip, slow=True, exporters=LEGACY_ONLY),
+    "r2plus1d_18": Architecture(_video("r2plus1d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
 }
 """Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
 
-DYNAMO_ONLY = ("dynamo",)
-"""The legacy exporter cannot write sinh, cosh, asinh, acosh, atanh, a non-zero threshold, fold (Col2Im),
-max_unpool, torch.fft, a complex torch.stft or torch's scan operator at opset 17; neither exporter writes
-torch.cumprod (CumProd is opset 26)."""
+TRIED_ARCHITECTURES: dict[str, Architecture] = {
+    "deeplabv3_mobilenet_v3_large": Architecture(_segmentation("deeplabv3_mobilenet_v3_large", aux_loss=False),
+                                                 _image, loss="mse", slow=True),
+    "fcn_resnet50": Architecture(_segmentation("fcn_resnet50", aux_loss=False), _image, loss="mse", slow=True),
+    "alexnet": Architecture(_vision("alexnet", num_classes=10), _large_image),
+    # At 64x64 the legacy exporter refuses the adaptive pooling from 2x2 to 7x7 (see _large_image).
+    "vgg11_bn": Architecture(_vision("vgg11_bn", num_classes=10), _image, slow=True, exporters=DYNAMO_ONLY),
+    "wide_resnet50_2": Architecture(_vision("wide_resnet50_2", num_classes=10), _image, slow=True),
+    "efficientnet_v2_s": Architecture(_vision("efficientnet_v2_s", num_classes=10, stochastic_depth_prob=0.0), _image,
+                                      slow=True),
+    "swin_v2_t": Architecture(_without_stochastic_depth(_vision("swin_v2_t", num_classes=10)), _image, slow=True),
+    "raft_small": Architecture(_raft_small, _image_pair, loss="mse", slow=True),
+}
+"""torchvision architectures exported and rewritten through the command line (tools/real_models_cli.py) but not yet
+through every check of tools/real_models.py (`--models NAME`): docs/measurements.md, "torchvision beyond the
+matrix", says how far each got."""
 
 OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_cross_entropy": Architecture(lambda: InnerLoss(F.cross_entropy), _feature_rows, loss="sum"),
@@ -802,8 +893,8 @@ LARGE_ARCHITECTURES: dict[str, Architecture] = {
 
 def architecture(name: str) -> Architecture:
     """The architecture of that name, from the matrix or the large models."""
-    return (ARCHITECTURES.get(name) or MORE_ARCHITECTURES.get(name) or OP_ARCHITECTURES.get(name)
-            or LARGE_ARCHITECTURES[name])
+    return (ARCHITECTURES.get(name) or MORE_ARCHITECTURES.get(name) or TRIED_ARCHITECTURES.get(name)
+            or OP_ARCHITECTURES.get(name) or LARGE_ARCHITECTURES[name])
 
 
 def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -814,7 +905,7 @@ def make(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0  # a random mask in the training step could not be compared with autograd
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.75, 1.25)
     with torch.no_grad():

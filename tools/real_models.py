@@ -39,7 +39,7 @@ from real_model_zoo import (
 from torch import nn
 from torch.nn import functional as F
 
-from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError
+from onnx_remat.core.errors import InfeasibleBudgetError, RematError, SolverError, one_line
 from onnx_remat.passes.execute import ort_session
 from onnx_remat.pipeline import RematResult, TrainingOptions, prepare, remat
 
@@ -305,6 +305,8 @@ def check(name: str, exporter: str, folder: Path, time_limit: float = 30.0, trai
             run_stage()
         except RematError as exc:
             outcome.errors.append(f"{stage}: {exc}")
+        except RuntimeError as exc:  # an oracle's own failure: PyTorch cannot run RAFT in float64 (its grid is float32)
+            outcome.errors.append(f"{stage}: {type(exc).__name__} in the check: {one_line(exc)}")
     return outcome
 
 

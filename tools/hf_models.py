@@ -10,8 +10,9 @@ exporters (every dropout probability zero, so outputs compare), then per model a
 markdown table: the rewrite's exit code and wall seconds, the nodes recomputed, run's predicted and measured peak
 against the budget, its verdict and the largest difference to the whole model.
 
-`transformers` is a benchmark-only dependency (`pip install transformers`), never one of the package. The legacy
-exporter fails in PyTorch itself on the causal language models of transformers 5 (`aten::diff`); the table says so.
+`transformers` is a benchmark-only dependency (`pip install transformers`), never one of the package. Decoders get an
+all-ones attention mask beside their tokens, as users export them: without one, transformers 5 looks for packed
+sequences with `torch.diff`, which the legacy exporter cannot write (`aten::diff`).
 
     python tools/hf_models.py [--models gpt2,bert,llama] [--modes infer,train]
         [--time-limit 30] [--batch 2] [--out DIR]
@@ -47,6 +48,12 @@ def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
     def tokens() -> dict[str, torch.Tensor]:
         return {"input_ids": torch.randint(0, VOCAB, (batch, TOKENS))}
 
+    def causal() -> dict[str, torch.Tensor]:
+        """Tokens and an all-ones attention mask, as users export decoders: without a mask, transformers 5 looks for
+        packed sequences with torch.diff, which the legacy exporter cannot write (aten::diff)."""
+        ids = tokens()["input_ids"]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
     def padded() -> dict[str, torch.Tensor]:
         mask = torch.ones(batch, TOKENS, dtype=torch.int64)
         mask[1, TOKENS * 5 // 8:] = 0
@@ -69,10 +76,10 @@ def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
                   "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
     return {
         "gpt2": lambda: build(hf.GPT2LMHeadModel, hf.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB,
-                                                                n_positions=64), tokens),
+                                                                n_positions=64), causal),
         "bert": lambda: build(hf.BertForSequenceClassification, hf.BertConfig(**text), padded),
-        "llama": lambda: build(hf.LlamaForCausalLM, hf.LlamaConfig(**decoder), tokens),
-        "mistral": lambda: build(hf.MistralForCausalLM, hf.MistralConfig(**decoder, sliding_window=8), tokens),
+        "llama": lambda: build(hf.LlamaForCausalLM, hf.LlamaConfig(**decoder), causal),
+        "mistral": lambda: build(hf.MistralForCausalLM, hf.MistralConfig(**decoder, sliding_window=8), causal),
         "vit": lambda: build(hf.ViTForImageClassification,
                              hf.ViTConfig(**encoder, image_size=32, patch_size=8, num_labels=10), images),
         "t5_encoder": lambda: build(hf.T5EncoderModel, hf.T5Config(num_layers=2, num_heads=4, d_model=64, d_kv=16,
@@ -86,23 +93,24 @@ def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
         "fnet": lambda: build(hf.FNetModel, hf.FNetConfig(
             num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64),
             tokens),
-        "gpt_neox": lambda: build(hf.GPTNeoXForCausalLM, hf.GPTNeoXConfig(**text), tokens),
-        "phi": lambda: build(hf.PhiForCausalLM, hf.PhiConfig(**decoder), tokens),
-        "qwen2": lambda: build(hf.Qwen2ForCausalLM, hf.Qwen2Config(**decoder), tokens),
-        "gemma": lambda: build(hf.GemmaForCausalLM, hf.GemmaConfig(**decoder, head_dim=16), tokens),
+        "gpt_neox": lambda: build(hf.GPTNeoXForCausalLM, hf.GPTNeoXConfig(**text), causal),
+        "phi": lambda: build(hf.PhiForCausalLM, hf.PhiConfig(**decoder), causal),
+        "qwen2": lambda: build(hf.Qwen2ForCausalLM, hf.Qwen2Config(**decoder), causal),
+        "gemma": lambda: build(hf.GemmaForCausalLM, hf.GemmaConfig(**decoder, head_dim=16), causal),
         "opt": lambda: build(hf.OPTForCausalLM, hf.OPTConfig(
             num_hidden_layers=2, num_attention_heads=4, hidden_size=64, ffn_dim=128, word_embed_proj_dim=64,
-            vocab_size=VOCAB, max_position_embeddings=64), tokens),
+            vocab_size=VOCAB, max_position_embeddings=64), causal),
         "bloom": lambda: build(hf.BloomForCausalLM, hf.BloomConfig(n_layer=2, n_head=4, hidden_size=64,
-                                                                   vocab_size=VOCAB), tokens),
+                                                                   vocab_size=VOCAB), causal),
         "falcon": lambda: build(hf.FalconForCausalLM, hf.FalconConfig(num_hidden_layers=2, num_attention_heads=4,
-                                                                      hidden_size=64, vocab_size=VOCAB), tokens),
+                                                                      hidden_size=64, vocab_size=VOCAB), causal),
         "bart": lambda: build(hf.BartForConditionalGeneration, hf.BartConfig(**two_by_two, max_position_embeddings=64),
                               seq2seq),
         "whisper": lambda: build(hf.WhisperForConditionalGeneration, hf.WhisperConfig(
             **two_by_two, num_mel_bins=16, max_source_positions=16, max_target_positions=16),
             lambda: {"input_features": torch.randn(batch, 16, 32),
-                     "decoder_input_ids": torch.randint(0, VOCAB, (batch, TOKENS // 2))}),
+                     "decoder_input_ids": torch.randint(0, VOCAB, (batch, TOKENS // 2)),
+                     "decoder_attention_mask": torch.ones(batch, TOKENS // 2, dtype=torch.int64)}),
         "clip_vision": lambda: build(hf.CLIPVisionModel, hf.CLIPVisionConfig(**encoder, image_size=32, patch_size=8),
                                      images),
         "wav2vec2": lambda: build(hf.Wav2Vec2Model, hf.Wav2Vec2Config(

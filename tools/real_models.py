@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from float64_reference import run as run_reference
 from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 from real_model_zoo import (
     ALL_EXPORTERS,
     ARCHITECTURES,
@@ -154,8 +154,9 @@ def autograd_step(module: nn.Module, inputs: list[torch.Tensor], kind: str, labe
                   dtype: torch.dtype) -> tuple[float, dict[str, np.ndarray]]:
     """`module`'s loss (`kind`, or "sum" where `label` is None) and parameter gradients in training mode and in
     `dtype`, from PyTorch autograd, under every name of a tied parameter (an LM head sharing the embedding:
-    exporters write either)."""
-    module.train().to(dtype)
+    exporters write either); `module` computes with its exported file's float32 constants
+    (`with_exported_constants`)."""
+    with_exported_constants(module).train().to(dtype)
     module.zero_grad(set_to_none=True)
     output = module(*[x.to(dtype) if x.is_floating_point() else x for x in inputs])
     if label is None:
@@ -167,6 +168,39 @@ def autograd_step(module: nn.Module, inputs: list[torch.Tensor], kind: str, labe
     loss.backward()
     grads = {k: p.grad.numpy() for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
     return loss.item(), grads
+
+
+FLOAT32_SIXTH = float(np.float32(1 / 6))
+"""The slope 1/6 of HardSigmoid and HardSwish as both exporters write it: a float attribute, rounded to float32."""
+
+
+class ExportedHardsigmoid(nn.Module):
+    """nn.Hardsigmoid as the exported HardSigmoid computes it: slope FLOAT32_SIXTH, not 1/6."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x * FLOAT32_SIXTH + 0.5, 0.0, 1.0)
+
+
+class ExportedHardswish(nn.Module):
+    """nn.Hardswish as the exported HardSwish computes it (its function body's HardSigmoid): slope FLOAT32_SIXTH."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.clamp(x * FLOAT32_SIXTH + 0.5, 0.0, 1.0)
+
+
+def with_exported_constants(module: nn.Module) -> nn.Module:
+    """`module`, changed in place to compute with the float32 constants its exported file holds: every module's
+    float `eps` (BatchNorm's 1e-3, LayerNorm's 1e-5) rounded to float32, nn.Hardsigmoid and nn.Hardswish with
+    slope FLOAT32_SIXTH. In float64 the exported model is this function, not the module's: through an
+    ill-conditioned network (BatchNorm over 2 values) the 3e-8 difference grows to 4e-6 in the gradients."""
+    exported = {nn.Hardsigmoid: ExportedHardsigmoid, nn.Hardswish: ExportedHardswish}
+    for parent in list(module.modules()):
+        for key, child in list(parent.named_children()):
+            if type(child) in exported:
+                setattr(parent, key, exported[type(child)]())
+        if isinstance(getattr(parent, "eps", None), float):
+            parent.eps = float(np.float32(parent.eps))
+    return module
 
 
 def gradient_errors(built: dict[str, np.ndarray], loss: float, grads: dict[str, np.ndarray]) -> list[float]:
@@ -201,12 +235,11 @@ def to_double(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def float64_step_outputs(path: Path, options: TrainingOptions, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The training step built from the float64 model, run by onnx's reference runtime (onnxruntime has no
-    float64 Conv)."""
+    """The training step built from the float64 model, run by onnx's reference runtime with a Conv that fits in
+    memory (tools/float64_reference.py; onnxruntime has no float64 Conv)."""
     step = prepare(to_double(onnx.load(str(path))), mode="train", training=options).proto
     wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
-    values = ReferenceEvaluator(step).run(None, wide)
-    return dict(zip([o.name for o in step.graph.output], values, strict=True))
+    return run_reference(step, wide)
 
 
 def training_feeds(name: str, model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -823,13 +823,14 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
     "r3d_18": Architecture(_video("r3d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
     "mc3_18": Architecture(_video("mc3_18"), _clip, slow=True, exporters=LEGACY_ONLY),
     "r2plus1d_18": Architecture(_video("r2plus1d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
-}
-"""Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
-
-TRIED_ARCHITECTURES: dict[str, Architecture] = {
     "deeplabv3_mobilenet_v3_large": Architecture(_segmentation("deeplabv3_mobilenet_v3_large", aux_loss=False),
                                                  _image, loss="mse", slow=True),
     "fcn_resnet50": Architecture(_segmentation("fcn_resnet50", aux_loss=False), _image, loss="mse", slow=True),
+}
+"""Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-300 s to check (the
+segmentation networks the longest: their float64 training step, judged where float32 fails or with `--float64`)."""
+
+TRIED_ARCHITECTURES: dict[str, Architecture] = {
     "alexnet": Architecture(_vision("alexnet", num_classes=10), _large_image),
     # At 64x64 the legacy exporter refuses the adaptive pooling from 2x2 to 7x7 (see _large_image).
     "vgg11_bn": Architecture(_vision("vgg11_bn", num_classes=10), _image, slow=True, exporters=DYNAMO_ONLY),

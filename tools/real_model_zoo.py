@@ -484,6 +484,16 @@ class OneImageOp(nn.Module):
         return self.head(self.fn(self.conv(x)).flatten(1))
 
 
+def _aspp_head() -> nn.Module:
+    """DeepLabV3's head on MobileNetV3's activations, small: a convolution, BatchNorm (eps 1e-3) and HardSwish, then
+    torchvision's ASPP (dilations 12, 24 and 36 over a 6x6 map; a pooled branch whose BatchNorm sees 2 values, resized
+    back to 6x6; dropout), HardSigmoid. Over 2 values BatchNorm is ill-conditioned: the float64 training step matches
+    autograd only if both compute with the exported file's float32 constants (tools/real_models.py)."""
+    aspp = import_torchvision().models.segmentation.deeplabv3.ASPP(8, [12, 24, 36], 8)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, eps=1e-3), nn.Hardswish(), aspp,
+                         nn.Hardsigmoid())
+
+
 class GridSampler(nn.Module):
     """A convolution, then bilinear sampling at a learned grid (a spatial transformer's sampler), a linear head."""
 
@@ -813,13 +823,14 @@ MORE_ARCHITECTURES: dict[str, Architecture] = {
     "r3d_18": Architecture(_video("r3d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
     "mc3_18": Architecture(_video("mc3_18"), _clip, slow=True, exporters=LEGACY_ONLY),
     "r2plus1d_18": Architecture(_video("r2plus1d_18"), _clip, slow=True, exporters=LEGACY_ONLY),
-}
-"""Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-200 s to check."""
-
-TRIED_ARCHITECTURES: dict[str, Architecture] = {
     "deeplabv3_mobilenet_v3_large": Architecture(_segmentation("deeplabv3_mobilenet_v3_large", aux_loss=False),
                                                  _image, loss="mse", slow=True),
     "fcn_resnet50": Architecture(_segmentation("fcn_resnet50", aux_loss=False), _image, loss="mse", slow=True),
+}
+"""Architectures beyond the matrix, for tools/real_models.py's table (`--more`): each takes 10-300 s to check (the
+segmentation networks the longest: their float64 training step, judged where float32 fails or with `--float64`)."""
+
+TRIED_ARCHITECTURES: dict[str, Architecture] = {
     "alexnet": Architecture(_vision("alexnet", num_classes=10), _large_image),
     # At 64x64 the legacy exporter refuses the adaptive pooling from 2x2 to 7x7 (see _large_image).
     "vgg11_bn": Architecture(_vision("vgg11_bn", num_classes=10), _image, slow=True, exporters=DYNAMO_ONLY),
@@ -881,6 +892,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_stft": Architecture(lambda: OneOp(_spectrogram, head=21), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
+    "op_aspp": Architecture(_aspp_head, _tiny_image, loss="mse"),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

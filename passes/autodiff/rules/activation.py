@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.emitter import Emitter
@@ -15,6 +16,10 @@ Needs = Sequence[bool]
 GELU_TANH_CUBIC = 0.044715
 SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
 """Selu's defaults (opset 6)."""
+HARD_SWISH_ALPHA = float(np.float32(1 / 6))
+"""HardSwish's slope inside its function body, HardSigmoid(alpha=1/6), whose float attribute holds 1/6 rounded to
+float32: every runtime that inlines the body (onnxruntime, onnx's reference) computes the forward with it, in float64
+too, so the derivative uses it (exact 1/6 differs by 3e-8 relative, which float64 gradient checks see)."""
 
 
 def gelu(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
@@ -53,11 +58,13 @@ def hard_sigmoid(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[in
 
 
 def hard_swish(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """x hardsigmoid(x) (alpha 1/6, beta 1/2): slope 0 below -3, x/3 + 1/2 between, 1 above 3."""
+    """x hardsigmoid(x) (alpha HARD_SWISH_ALPHA, beta 1/2): slope 0 below -1/(2 alpha), 2 alpha x + 1/2 up to
+    1/(2 alpha), 1 above (the bounds are -3 and 3 in float32)."""
     x = present(node.inputs[0])
-    ramp = e.op("Add", e.scale(x, 1 / 3), e.scalar(0.5))
-    slope = e.op("Where", e.op("Greater", x, e.scalar(3.0)), e.scalar(1.0),
-                 e.op("Where", e.op("Less", x, e.scalar(-3.0)), e.scalar(0.0), ramp))
+    bound = 0.5 / HARD_SWISH_ALPHA
+    ramp = e.op("Add", e.scale(x, 2 * HARD_SWISH_ALPHA), e.scalar(0.5))
+    slope = e.op("Where", e.op("Greater", x, e.scalar(bound)), e.scalar(1.0),
+                 e.op("Where", e.op("Less", x, e.scalar(-bound)), e.scalar(0.0), ramp))
     return {0: e.op("Mul", dys[0], slope)}
 
 

@@ -1,11 +1,13 @@
-"""Control flow in training. If has no gradient rule, nor a Loop that may stop early: a step through one is refused
-naming it, also where the parameters reach the loss only through its subgraphs' reads of outer tensors (as torch.cond
-and the while_loop operator export: before, the refusal blamed an integer-only path, or found no trainable
-parameter). Scan (torch's scan operator, dynamo) is unrolled over its fixed length before differentiation, and a Loop
-of constant trip count (a scripted for loop, legacy) when the model is loaded."""
+"""Control flow in training. An If (torch.cond, as the dynamo exporter writes it) is differentiated by an If on the
+same condition whose branches recompute and differentiate each branch: the gradients match autograd on either branch,
+nested, through a parameter one branch alone reads, and in a rewritten step. A Loop that may stop early is refused
+naming it, also where the parameters reach the loss only through its body's reads of outer tensors. Scan (torch's
+scan operator, dynamo) is unrolled over its fixed length before differentiation, and a Loop of constant trip count (a
+scripted for loop, legacy) when the model is loaded."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from real_models import check as check_model  # noqa: E402
 
+CONTRIB = "com.microsoft"
 SOLVE_SECONDS = 2.0
 """Each solve stops by then with its best schedule, which is checked: nothing here waits for a proof."""
 
@@ -35,21 +38,114 @@ def branch(name: str, op: str) -> object:
     return helper.make_graph([helper.make_node(op, ["h"], [f"{name}_out"])], name, [], [out])
 
 
-def test_if_reading_parameters_in_its_branches_is_named() -> None:
-    """torch.cond(h.sum() > 0, relu, tanh, (h,)) with h = w * x: w reaches the loss through the branches, and the
-    condition alone through a boolean."""
+def if_model(then_branch: onnx.GraphProto | None = None, else_op: str = "Tanh") -> onnx.ModelProto:
+    """torch.cond(x.sum() > 0, relu, tanh, (h,)) with h = w * x (or other branches): w reaches the loss through the
+    branches, and the condition alone through a boolean."""
+    out = helper.make_tensor_value_info("else_out", TensorProto.FLOAT, [3, 2] if else_op == "Transpose" else [2, 3])
+    else_branch = helper.make_graph([helper.make_node(else_op, ["h"], ["else_out"])], "else", [], [out])
     nodes = [helper.make_node("Mul", ["w", "x"], ["h"]),
-             helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
              helper.make_node("Greater", ["total", "zero"], ["positive"]),
-             helper.make_node("If", ["positive"], ["output"], name="cond", then_branch=branch("then", "Relu"),
-                              else_branch=branch("else", "Tanh"))]
-    inits = [numpy_helper.from_array(np.ones((2, 3), np.float32), "w"),
+             helper.make_node("If", ["positive"], ["output"], name="cond",
+                              then_branch=then_branch or branch("then", "Relu"),
+                              else_branch=else_branch)]
+    inits = [numpy_helper.from_array(rand(2, 3, seed=5).astype(np.float32), "w"),
              numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 3])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    with pytest.raises(ModelError, match=r"no gradient rule for these op types: If \(e.g. node 'cond'\)"):
-        step_as_proto(model, loss="sum", freeze=["zero"])
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CONTRIB, 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_if_reading_parameters_in_its_branches_trains(sign: float) -> None:
+    """The gradient of w, read only inside the branches, on the branch the input's sign takes."""
+    x = sign * np.abs(rand(2, 3, seed=6)).astype(np.float32)
+    got = run_ort(step_as_proto(if_model(), loss="sum", freeze=["zero"]).model, {"x": x})
+    w = torch.tensor(rand(2, 3, seed=5).astype(np.float32), dtype=torch.float64, requires_grad=True)
+    h = w * torch.tensor(x, dtype=torch.float64)
+    (torch.relu(h) if sign > 0 else torch.tanh(h)).sum().backward()
+    assert rel_err(got["grad.w"], w.grad.numpy()) < TORCH_TOLERANCE
+
+
+def test_if_whose_branches_give_unequal_shapes_is_refused() -> None:
+    """One branch transposes: the If's output has no one shape for the schedule."""
+    with pytest.raises(ModelError, match=r"If 'cond': its branches give outputs of unequal or unknown shapes "
+                       r"\(\[2,3\] and \[3,2\]\)"):
+        step_as_proto(if_model(else_op="Transpose"), loss="sum", freeze=["zero"])
+
+
+def test_if_with_a_ruleless_op_in_a_branch_names_it() -> None:
+    """A contrib op (onnxruntime's Gelu) on the gradient path inside a branch: named with the If it is in."""
+    out = helper.make_tensor_value_info("then_out", TensorProto.FLOAT, [2, 3])
+    then = helper.make_graph([helper.make_node("Gelu", ["h"], ["then_out"], name="gelu", domain=CONTRIB)], "then",
+                             [], [out])
+    with pytest.raises(ModelError, match=r"no gradient rule for these op types: com.microsoft.Gelu \(e.g. node "
+                       r"'cond.grad/recompute/0' inside If 'cond'\)"):
+        step_as_proto(if_model(then_branch=then), loss="sum", freeze=["zero"])
+
+
+class CondNet(torch.nn.Module):
+    """A linear layer, torch.cond on the input's sum, a linear head. True: ReLU times `scale` (a parameter no other
+    branch reads) or, `nested`, a torch.cond on x[0, 0] between sigmoid(mid(h)) and h * scale; false: tanh."""
+
+    def __init__(self, nested: bool) -> None:
+        super().__init__()
+        self.nested = nested
+        self.inner, self.mid, self.head = torch.nn.Linear(8, 6), torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)
+        self.scale = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def inner_cond(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x[0, 0] > 0, lambda u: torch.sigmoid(self.mid(u)), lambda u: u * self.scale, (t,))
+
+        def scaled(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(t) * self.scale
+
+        def squashed(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(t)
+
+        then = inner_cond if self.nested else scaled
+        return self.head(torch.cond(x.sum() > 0, then, squashed, (self.inner(x), x)))
+
+
+@pytest.fixture(scope="module")
+def exported_conds(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, tuple[CondNet, onnx.ModelProto]]:
+    """CondNet plain and nested, each with its training step as torch.onnx.export(dynamo=True) writes the module
+    (unoptimized: constants stay constants) and build_training_graph makes it, exported once for the module."""
+    steps = {}
+    for nested in (False, True):
+        torch.manual_seed(0)
+        module = CondNet(nested)
+        path = tmp_path_factory.mktemp("cond") / "cond.onnx"
+        torch.onnx.export(module, (torch.ones(2, 8),), dynamo=True, optimize=False, verbose=False).save(str(path))
+        steps[nested] = module, step_as_proto(onnx.load(str(path)), loss="sum").model
+    return steps
+
+
+COND_INPUTS = {"true": np.abs(rand(2, 8, seed=7)), "false": -np.abs(rand(2, 8, seed=7)),
+               "true, inner false": np.abs(rand(2, 8, seed=7)) * np.where(np.arange(16) == 0, -1, 1).reshape(2, 8)}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("taken", list(COND_INPUTS))
+def test_exported_cond_matches_autograd(exported_conds: dict[bool, tuple[CondNet, onnx.ModelProto]], nested: bool,
+                                        taken: str) -> None:
+    """The step's loss and every parameter's gradient against autograd, on each branch (nested: each inner one);
+    a parameter the branch not taken reads gets zeros."""
+    module, step = exported_conds[nested]
+    x = COND_INPUTS[taken].astype(np.float32)
+    got = run_ort(step, {"x": x})
+    reference = copy.deepcopy(module).double()
+    loss = reference(torch.tensor(x, dtype=torch.float64)).sum()
+    loss.backward()
+    assert rel_err(got["loss"], loss.detach().numpy()) < TORCH_TOLERANCE
+    exported = {i.name for i in step.graph.initializer}
+    params = {name: p for name, p in reference.named_parameters() if name in exported}  # not mid's when unused
+    assert {k.removeprefix("grad.") for k in got if k.startswith("grad.")} == set(params)
+    for name, param in params.items():
+        want = np.zeros(param.shape) if param.grad is None else param.grad.numpy()
+        assert np.abs(got[f"grad.{name}"] - want).max() <= TORCH_TOLERANCE * max(np.abs(want).max(), 1.0), name
 
 
 def scan_model(directions: tuple[int, int], axes: tuple[int, int]) -> onnx.ModelProto:

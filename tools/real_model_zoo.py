@@ -521,6 +521,21 @@ class ScriptedLoop(nn.Module):
         return self.head(_tanh_steps(self.inner(x), self.weight))
 
 
+class Conditional(nn.Module):
+    """A linear layer, torch.cond on the input's sign (the dynamo exporter writes an If whose branches read the
+    layer's output and a parameter): ReLU scaled by a parameter only the true branch reads, or tanh; a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 12)
+        self.scale = nn.Parameter(torch.randn(12))
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head(torch.cond(x.sum() > 0, lambda t: torch.relu(t) * self.scale, torch.tanh, (h,)))
+
+
 class InnerLoss(nn.Module):
     """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
 
@@ -881,6 +896,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_stft": Architecture(lambda: OneOp(_spectrogram, head=21), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
+    "op_cond": Architecture(Conditional, _features, loss="mse", exporters=DYNAMO_ONLY),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

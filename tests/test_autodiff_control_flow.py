@@ -22,6 +22,9 @@ from test_autodiff_rules import TORCH_TOLERANCE, rand, rel_err, run_ort
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.unroll_loops import UnrollConstantLoops
+from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.measure import held_before_run, measure_activation_peak
+from onnx_remat.pipeline import TrainingOptions, prepare, remat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
@@ -146,6 +149,43 @@ def test_exported_cond_matches_autograd(exported_conds: dict[bool, tuple[CondNet
     for name, param in params.items():
         want = np.zeros(param.shape) if param.grad is None else param.grad.numpy()
         assert np.abs(got[f"grad.{name}"] - want).max() <= TORCH_TOLERANCE * max(np.abs(want).max(), 1.0), name
+
+
+class CondMLP(torch.nn.Module):
+    """An MLP with torch.cond in the middle: on a positive input sum (random_feeds' seed 0 at 2048 rows, so the
+    measurement runs it) another layer's ReLU times `scale`, else tanh."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, width), torch.nn.Linear(width, width)
+        self.c, self.d = torch.nn.Linear(width, width), torch.nn.Linear(width, 4)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        y = torch.cond(x.sum() > 0, lambda t: torch.relu(self.c(t)) * self.scale, torch.tanh, (h,))
+        return self.d(torch.relu(y))
+
+
+def test_cond_mlp_rewritten_step_matches_and_measures_within_budget(tmp_path: Path) -> None:
+    """The step rewritten at a budget that forces recomputation gives the un-rewritten step's numbers on either
+    branch, and measures within the budget: the backward If's recomputed branch is its workspace."""
+    torch.manual_seed(0)
+    path, rewritten = tmp_path / "mlp.onnx", tmp_path / "mlp.remat.onnx"
+    torch.onnx.export(CondMLP(), (torch.ones(2048, 32),), dynamo=True, optimize=False, verbose=False).save(str(path))
+    options = TrainingOptions(loss="sum")
+    step = prepare(path, mode="train", training=options).proto
+    keep_all = remat(path, "100%", mode="train", training=options, time_limit=SOLVE_SECONDS).report
+    budget = keep_all.minimum_budget_bytes
+    result = remat(path, budget, mode="train", training=options, time_limit=SOLVE_SECONDS)
+    assert result.report.recomputations
+    result.save(rewritten)
+    feeds = random_feeds(step, seed=0)
+    for sign in (1.0, -1.0):
+        feeds["x"] = sign * np.abs(feeds["x"])
+        for got, want in zip(run(result.model, feeds), run(step, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert measure_activation_peak(rewritten, repeats=1) <= budget - held_before_run(result.model)
 
 
 def scan_model(directions: tuple[int, int], axes: tuple[int, int]) -> onnx.ModelProto:

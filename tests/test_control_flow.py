@@ -22,11 +22,13 @@ WIDTH = 256
 
 
 def _branch(name: str, op: str) -> onnx.GraphProto:
-    """A branch summing op(a, d) from the outer graph's tensors a and d (a small output, so that recomputing a
-    rather than holding it across the chain lowers the peak)."""
+    """A branch giving op(sum a, sum d) from the outer graph's tensors a and d (a small output, so that recomputing a
+    rather than holding it across the chain lowers the peak; scalars inside, so that the branch itself holds
+    little while the If runs)."""
     out = h.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [])
-    nodes = [h.make_node(op, ["a", "d"], [f"{name}_both"]),
-             h.make_node("ReduceSum", [f"{name}_both"], [f"{name}_out"], keepdims=0)]
+    nodes = [h.make_node("ReduceSum", ["a"], [f"{name}_a"], keepdims=0),
+             h.make_node("ReduceSum", ["d"], [f"{name}_d"], keepdims=0),
+             h.make_node(op, [f"{name}_a", f"{name}_d"], [f"{name}_out"])]
     return h.make_graph(nodes, name, [], [out])
 
 
@@ -81,7 +83,7 @@ def test_the_outer_read_keeps_its_tensor_alive_until_the_if():
     kept = onnx_remat.remat(if_model(), "100%", time_limit=5)
     assert kept.report.predicted_peak_bytes >= 4 * tensor_bytes
     least = onnx_remat.remat(if_model(), "min", time_limit=5)
-    assert least.report.predicted_peak_bytes < 4 * tensor_bytes
+    assert least.report.predicted_peak_bytes < 4 * tensor_bytes + 2 * allocated_bytes(4)  # and the branch's sums
     branch = next(node.name for node in least.model.graph.node if node.op_type == "If")
     recomputed = next(node for node in least.model.graph.node if node.name.startswith("relu__remat"))
     assert outer_reads(least.model) == {branch: [recomputed.output[0], "d"]}

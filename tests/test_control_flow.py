@@ -11,11 +11,13 @@ from onnx import TensorProto
 from onnx import helper as h
 
 import onnx_remat
+from onnx_remat.core.devices import get_devices
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.schedule import Compute, Schedule
 from onnx_remat.passes.execute import run
 from onnx_remat.passes.reads import outer_uses, value_reads
 from onnx_remat.passes.rewrite import rewrite
+from onnx_remat.passes.run_devices import build_plan, execute
 from onnx_remat.passes.sizes import allocated_bytes
 
 WIDTH = 256
@@ -102,3 +104,14 @@ def test_a_recomputed_if_has_its_own_branches_reading_the_latest_instances(flag)
     assert [node.output[0] for node in rewritten.graph.node if node.op_type == "If"] == ["y__remat0", "y"]
     feeds = {"x": np.random.default_rng(0).standard_normal((1, WIDTH)).astype(np.float32), "flag": np.array(flag)}
     np.testing.assert_allclose(run(rewritten, feeds)[0], run(model, feeds)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_a_rewritten_if_runs_as_planned_for_its_device(flag):
+    """`onnx-remat run`'s plan gives the If's segment the tensors its branches read (before, onnxruntime refused the
+    segment: a branch read a tensor no input named)."""
+    model = if_model()
+    result = onnx_remat.remat(model, "min", time_limit=5)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, WIDTH)).astype(np.float32), "flag": np.array(flag)}
+    device_run = execute(build_plan(result.model, get_devices("cpu")), feeds, repeats=1)
+    np.testing.assert_allclose(device_run.outputs["y"], run(model, feeds)[0], rtol=1e-6)

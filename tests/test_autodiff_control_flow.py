@@ -243,29 +243,32 @@ def test_exported_scan_trains(tmp_path: Path) -> None:
     assert outcome.gradients_compared == outcome.gradients_written > 0
 
 
-def loop_model(condition: str) -> onnx.ModelProto:
+def loop_model(condition: str, scanned: bool = True) -> onnx.ModelProto:
     """Loop(3, true, x) over h' = tanh(h W + i), W read from the outer graph, its condition `condition` ("passed":
-    the incoming one, or "computed": i < 1, as a while loop's); outputs the last h and every 2 h' stacked."""
-    cond_out = (helper.make_node("Identity", ["cond_in"], ["cond_out"]) if condition == "passed" else
-                helper.make_node("Less", ["i", "one"], ["cond_out"]))
+    the incoming one; "computed": i < 1, as a while loop's; "data": sum h' < 0.5, a `break` on the data); outputs
+    the last h and, `scanned`, every 2 h' stacked."""
+    conditions = {"passed": [helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+                  "computed": [helper.make_node("Less", ["i", "one"], ["cond_out"])],
+                  "data": [helper.make_node("ReduceSum", ["h_next"], ["total"], keepdims=0),
+                           helper.make_node("Less", ["total", "limit"], ["cond_out"])]}
     body = helper.make_graph(
         [helper.make_node("MatMul", ["h", "w"], ["hw"]), helper.make_node("Cast", ["i"], ["fi"], to=1),
          helper.make_node("Add", ["hw", "fi"], ["pre"]), helper.make_node("Tanh", ["pre"], ["h_next"]),
-         helper.make_node("Add", ["h_next", "h_next"], ["y"]), cond_out],
+         *[helper.make_node("Add", ["h_next", "h_next"], ["y"])] * scanned, *conditions[condition]],
         "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                  helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
                  helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+         *[helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])] * scanned])
     inits = [numpy_helper.from_array(a, n) for n, a in (
         ("w", (rand(4, 4) * 0.5).astype(np.float32)), ("trips", np.array(3, np.int64)), ("true", np.array(True)),
-        ("one", np.array(1, np.int64)))]
+        ("one", np.array(1, np.int64)), ("limit", np.array(0.5, np.float32)))]
+    outputs = [helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 4]),
+               *[helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)] * scanned]
     graph = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "true", "x"], ["h_last", "ys"], name="loop", body=body)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("h_last", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)], inits)
+        [helper.make_node("Loop", ["trips", "true", "x"], [o.name for o in outputs], name="loop", body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], outputs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
@@ -282,7 +285,41 @@ def test_constant_loop_is_unrolled_alike() -> None:
 
 
 def test_loop_that_may_stop_early_is_left() -> None:
+    """At load, for inference too: the Loop stops where it may; unrolled, every trip would be computed."""
     assert not UnrollConstantLoops()(ir.from_proto(loop_model("computed"))).modified
+
+
+def loop_reference(x: np.ndarray, condition: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop_model's last h in torch (float64), stopping as the Loop does, and its W."""
+    w = torch.tensor((rand(4, 4) * 0.5).astype(np.float32), dtype=torch.float64, requires_grad=True)
+    h = torch.tensor(x, dtype=torch.float64)
+    for i in range(3):
+        h = torch.tanh(h @ w + i)
+        going = i < 1 if condition == "computed" else bool(h.sum() < 0.5)
+        if not going:
+            break
+    return h, w
+
+
+@pytest.mark.parametrize("condition", ["computed", "data"])
+@pytest.mark.parametrize(("seed", "scale"), [(8, 2.0), (4, 2.0), (18, 8.0)])  # "data": 1, 2 and 3 trips
+def test_loop_that_may_stop_early_trains_under_a_mask(condition: str, seed: int, scale: float) -> None:
+    """A Loop of constant trip count whose condition comes out of its body (a `break`), without per-trip outputs:
+    the training step's loss and W's gradient match autograd's on the loop as it runs, however many trips that is."""
+    x = rand(2, 4, seed=seed).astype(np.float32) * scale
+    step = step_as_proto(loop_model(condition, scanned=False), loss="sum", freeze=["limit"])
+    assert not any(node.op_type == "Loop" for node in step.model.graph.node)
+    got = run_ort(step.model, {"x": x})
+    h, w = loop_reference(x, condition)
+    h.sum().backward()
+    assert rel_err(got["loss"], h.sum().detach().numpy()) < TORCH_TOLERANCE
+    assert rel_err(got["grad.w"], w.grad.numpy()) < TORCH_TOLERANCE
+
+
+def test_loop_that_may_stop_early_with_per_trip_outputs_is_refused() -> None:
+    """How many per-trip outputs it gives depends on the data: left as a Loop, refused naming it."""
+    with pytest.raises(ModelError, match=r"depends on the input values \(Loop node 'loop'\)"):
+        step_as_proto(loop_model("data"), loss="sum", freeze=["limit"])
 
 
 def test_exported_scripted_loop_trains(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from onnx_remat.passes.autodiff.training_form import (
     reject_training,
     training_form_copy,
 )
-from onnx_remat.passes.autodiff.unroll_loops import unroll_scans
+from onnx_remat.passes.autodiff.unroll_loops import unroll_scans, unroll_stopping_loops
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
@@ -97,6 +97,8 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
         unroll_recurrences(model, infer(model))
     if any(n.op_type == "Scan" for n in model.graph):
         unroll_scans(model, infer(model))
+    if any(n.op_type == "Loop" for n in model.graph):
+        unroll_stopping_loops(model)
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, _loss_info(model))

@@ -28,6 +28,7 @@ from onnx_remat.pipeline import TrainingOptions, prepare, remat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+from real_model_zoo import CondMLP  # noqa: E402
 from real_models import check as check_model  # noqa: E402
 
 CONTRIB = "com.microsoft"
@@ -149,22 +150,6 @@ def test_exported_cond_matches_autograd(exported_conds: dict[bool, tuple[CondNet
     for name, param in params.items():
         want = np.zeros(param.shape) if param.grad is None else param.grad.numpy()
         assert np.abs(got[f"grad.{name}"] - want).max() <= TORCH_TOLERANCE * max(np.abs(want).max(), 1.0), name
-
-
-class CondMLP(torch.nn.Module):
-    """An MLP with torch.cond in the middle: on a positive input sum (random_feeds' seed 0 at 2048 rows, so the
-    measurement runs it) another layer's ReLU times `scale`, else tanh."""
-
-    def __init__(self, width: int = 128) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(32, width), torch.nn.Linear(width, width)
-        self.c, self.d = torch.nn.Linear(width, width), torch.nn.Linear(width, 4)
-        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.b(torch.relu(self.a(x))))
-        y = torch.cond(x.sum() > 0, lambda t: torch.relu(self.c(t)) * self.scale, torch.tanh, (h,))
-        return self.d(torch.relu(y))
 
 
 def test_cond_mlp_rewritten_step_matches_and_measures_within_budget(tmp_path: Path) -> None:

@@ -536,6 +536,22 @@ class Conditional(nn.Module):
         return self.head(torch.cond(x.sum() > 0, lambda t: torch.relu(t) * self.scale, torch.tanh, (h,)))
 
 
+class CondMLP(nn.Module):
+    """An MLP with torch.cond in the middle: on a positive input sum another layer's ReLU times `scale`, else tanh
+    (tests/test_autodiff_control_flow.py, tools/bench_cond.py; random_feeds' seed 0 at 2048 rows takes the first)."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, width), nn.Linear(width, width)
+        self.c, self.d = nn.Linear(width, width), nn.Linear(width, 4)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        y = torch.cond(x.sum() > 0, lambda t: torch.relu(self.c(t)) * self.scale, torch.tanh, (h,))
+        return self.d(torch.relu(y))
+
+
 class InnerLoss(nn.Module):
     """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
 

@@ -313,3 +313,18 @@ def test_exported_scripted_loop_trains(tmp_path: Path) -> None:
     outcome = check_model("op_scripted_loop", "legacy", tmp_path, time_limit=SOLVE_SECONDS)
     assert not outcome.problems()
     assert outcome.gradients_compared == outcome.gradients_written > 0
+
+
+def test_loop_that_may_stop_early_is_unrolled_when_prepared_for_training() -> None:
+    """At load in train mode, before shapes are resolved: a body that states no shapes (as the legacy exporter's,
+    symbolic) leaves the Loop's outputs unsized, which would be refused."""
+    model = loop_model("data", scanned=False)
+    for value in [*model.graph.node[0].attribute[0].g.output, *model.graph.output]:
+        for k, dim in enumerate(value.type.tensor_type.shape.dim):
+            dim.dim_param = f"d{k}"
+    step = prepare(model, mode="train", training=TrainingOptions(loss="sum", freeze=("limit",))).proto
+    assert not any(node.op_type == "Loop" for node in step.graph.node)
+    x = rand(2, 4, seed=4).astype(np.float32) * 2
+    h, w = loop_reference(x, "data")
+    h.sum().backward()
+    assert rel_err(run_ort(step, {"x": x})["grad.w"], w.grad.numpy()) < TORCH_TOLERANCE

@@ -85,7 +85,12 @@ MAX_UNROLLED_TRIPS = 1024
 class UnrollConstantLoops(ir.passes.InPlacePass):
     """Replace every main-graph Loop that runs a constant number of times (1 to MAX_UNROLLED_TRIPS, its condition
     constant true in and out of the body) and holds no subgraph of its own by its unrolled steps; before shape
-    resolution, which cannot size a Loop's outputs."""
+    resolution, which cannot size a Loop's outputs. With `stopping` (for training) also those that may stop early
+    (`unroll_stopping_loops`)."""
+
+    def __init__(self, stopping: bool = False) -> None:
+        super().__init__()
+        self.stopping = stopping
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph, modified = model.graph, False
@@ -95,19 +100,23 @@ class UnrollConstantLoops(ir.passes.InPlacePass):
                 graph.insert_before(node, _unroll_loop(node, trips, masked=False))
                 graph.remove(node, safe=True)
                 modified = True
+        if self.stopping:
+            modified = unroll_stopping_loops(model) or modified
         return ir.passes.PassResult(model, modified)
 
 
-def unroll_stopping_loops(model: ir.Model) -> None:
+def unroll_stopping_loops(model: ir.Model) -> bool:
     """Replace every main-graph Loop of constant trip count that may stop early and gives no per-trip output that is
-    read by its trips under a "still going" mask, in place (for the training step)."""
-    graph = model.graph
+    read by its trips under a "still going" mask, in place (for the training step); whether there was one."""
+    graph, modified = model.graph, False
     for node in list(graph):
         trips = _bounded_trips(node)
         per_trip = node.outputs[len(node.inputs) - 2 :]
         if trips and not any(is_read(value) for value in per_trip):
             graph.insert_before(node, _unroll_loop(node, trips, masked=not _runs_every_trip(node)))
             graph.remove(node, safe=True)
+            modified = True
+    return modified
 
 
 def _constant_trips(node: ir.Node) -> int:

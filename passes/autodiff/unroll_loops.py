@@ -2,11 +2,12 @@
 their body, one per step, so the existing gradient rules differentiate the body and the rematerializer can free and
 recompute single steps: the dynamo exporter writes torch's scan operator as a Scan, the legacy one a scripted `for`
 loop as a Loop of constant trip count. A Scan whose body holds a subgraph of its own is refused with the node's
-name. A Loop of constant trip count that may stop early (a condition computed in its body: a scripted loop's `break`)
-is unrolled for training only, every trip under a running "still going" mask (each carried value kept as it was
-once a trip's condition came out false): every trip is computed, which inference need not pay. One that gives
-per-trip outputs is left (their number depends on the data), as is one without a constant trip count (the
-while_loop operator's): both refused when their outputs are sized."""
+name. A Loop of constant trip count that may stop early (a condition computed in its body) is unrolled for training
+only, every trip under a running "still going" mask (each carried value kept as it was once a trip's condition came
+out false): every trip is computed, which inference need not pay. One that gives per-trip outputs is left (their
+number depends on the data), as is one without a constant trip count (the while_loop operator's, and a scripted
+`for` with a `break`, which the legacy exporter writes with trip count INT64_MAX and its bound in the condition):
+both refused when their outputs are sized."""
 
 from __future__ import annotations
 
@@ -169,8 +170,9 @@ def _unroll_loop(node: ir.Node, trips: int, masked: bool) -> list[ir.Node]:
     carried = [present(value) for value in node.inputs[2:]]
     steps = Steps(named(node), np.dtype(np.float32))
     stacked: list[list[ir.Value]] = [[] for _ in body.outputs[1 + len(carried):]]
-    given_condition = node.inputs[1] if masked else None
-    going = given_condition or steps.op("Constant", value=ir.tensor(np.asarray(True)))
+    going = node.inputs[1] if masked else None
+    if going is None:
+        going = steps.op("Constant", value=ir.tensor(np.asarray(True)))
     for t in range(trips):
         given = dict(zip(body.inputs[2:], carried, strict=True))
         given[body.inputs[0]] = steps.ints(t)

@@ -151,15 +151,16 @@ def prepare(
     training: TrainingOptions | None = None,
 ) -> PreparedModel:
     """Load and check the model, fix its input shapes, unroll the Loops of constant trip count (whose outputs' sizes
-    shape resolution cannot know), resolve every tensor's shape, in train mode build the train
-    step, expand in place the ops onnxruntime would inline out of order (ExpandFunctions, after the build: a
-    HardSwish differentiated whole keeps only its input for the backward), in train mode group the nodes into
-    operators, and resolve the shapes of the new tensors."""
+    shape resolution cannot know; in train mode those that may stop early too, under a mask), resolve every
+    tensor's shape, in train mode build the train step, expand in place the ops onnxruntime would inline out of
+    order (ExpandFunctions, after the build: a HardSwish differentiated whole keeps only its input for the
+    backward), in train mode group the nodes into operators, and resolve the shapes of the new tensors."""
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}: use infer or train")
     wall, cpu = time.perf_counter(), time.thread_time()
     name = Path(model).name if isinstance(model, (str, Path)) else (model.graph.name or "model")
-    original = run_passes(load.read_graph(model, dict(input_shapes or {})), [UnrollConstantLoops(), ResolveShapes()])
+    original = run_passes(load.read_graph(model, dict(input_shapes or {})),
+                          [UnrollConstantLoops(stopping=mode == "train"), ResolveShapes()])
     external_data = has_external_data(model)
     if mode == "infer":
         if ExpandFunctions()(original).modified:  # else every shape is resolved already

@@ -9,6 +9,7 @@ reads asks here (`value_reads`, `outer_uses`) instead of reading `node.inputs` a
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 _GRAPH_TYPES = frozenset({ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS})
@@ -67,3 +68,17 @@ def inner_graphs(node: ir.Node) -> list[ir.Graph]:
         for graph in tops:
             graphs.extend([graph, *graph.subgraphs()])
     return graphs
+
+
+def proto_reads(node: onnx.NodeProto) -> list[str]:
+    """The names a ModelProto node reads: its inputs, then what its subgraphs (nested ones included) read from
+    outside them, each once (blank inputs left out)."""
+    found = dict.fromkeys(name for name in node.input if name)
+    for attribute in node.attribute:
+        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+        for graph in graphs:
+            defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+            for inner in graph.node:
+                found.update((name, None) for name in proto_reads(inner) if name not in defined)
+                defined.update(inner.output)
+    return list(found)

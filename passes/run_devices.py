@@ -43,6 +43,7 @@ from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
 from onnx_remat.passes.measure import predicted_activation_peak
+from onnx_remat.passes.reads import proto_reads
 from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
@@ -315,7 +316,7 @@ def _group(
     tensors that are not resident) through the rest of the run would take its device above the peak of the schedule's
     memory (`_schedule_memory`; `kept`: tensors held to the end, `scratch`: each node's workspace). Ending runs at
     every such last reader would cut a chain into single nodes: each cut makes the next node's input such an input."""
-    last_reader = {name: k for k, item in enumerate(placed) for name in item.node.input}
+    last_reader = {name: k for k, item in enumerate(placed) for name in proto_reads(item.node)}
     memory = _schedule_memory(placed, sizes, kept, last_reader, scratch)
     peaks: dict[int, int] = {}
     for item, held in zip(placed, memory, strict=True):
@@ -347,7 +348,8 @@ def _group(
         if current and item.device != current[0].device:
             close()
         current.append(item)
-        dead += sum(sizes.get(name, 0) for name in set(item.node.input) - produced - kept if last_reader[name] == k)
+        dead += sum(sizes.get(name, 0) for name in set(proto_reads(item.node)) - produced - kept
+                    if last_reader[name] == k)
         produced.update(item.node.output)
         if dead and dead + ahead[k] > peaks[item.device]:
             close()
@@ -404,7 +406,7 @@ class _Planner:
         self.home: dict[str, int] = {value.name: HOST for value in model.graph.input if value.name not in
                                      self.initializers}  # tensor -> the device its (first) value is on
         self.held: set[Key] = set()  # values held to the end: graph inputs and prelude outputs where uploaded
-        self.read_anywhere = {name for node in model.graph.node for name in node.input}
+        self.read_anywhere = {name for node in model.graph.node for name in proto_reads(node)}
         prelude = [n for n in model.graph.node if node_tags(n).step == PRELUDE_STEP]
         self.resident = set(self.home) | {out for node in prelude for out in node.output if out}
 
@@ -432,8 +434,8 @@ class _Planner:
         """The tensors a group reads from outside itself (not parameters), in first-use order."""
         produced = {out for item in group for out in item.node.output}
         return list(dict.fromkeys(
-            name for item in group for name in item.node.input
-            if name and name not in produced and name not in self.initializers
+            name for item in group for name in proto_reads(item.node)
+            if name not in produced and name not in self.initializers
         ))
 
     def _handoff(self, item: _Placed) -> Handoff:
@@ -481,7 +483,7 @@ class _Planner:
         """A standalone model of `nodes`: the parameters they read as initializers, and the whole model's shapes for
         the tensors inside (a shape computed from a tensor another segment hands over, such as a ReduceMean's axes
         from a Constant node on another device, cannot be found in the segment alone)."""
-        used = {name for node in nodes for name in node.input if name in self.initializers}
+        used = {name for node in nodes for name in proto_reads(node) if name in self.initializers}
         ends = {*inputs, *outputs}
         inside = dict.fromkeys(out for node in nodes for out in node.output if out and out not in ends)
         graph = helper.make_graph(

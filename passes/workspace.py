@@ -28,6 +28,8 @@ the kernel touches (resident pages), not what it allocates:
   output is an output-sized temporary (measured 7.9 MiB for a 4 MiB output; HardSigmoid alone 3.9 MiB). `prepare`
   expands HardSwish into those nodes (passes/expand_functions.py), so no problem has one; the rule serves the
   prediction of a model read as written (measure.predicted_activation_peak: tools/measure_memory.py, `run`).
+- If: the tensors its larger branch computes, each while it is live in the branch (passes/branch_memory.py); a
+  training step's backward If recomputes its branch inside.
 - MatMul, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none measured
   (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
 """
@@ -39,6 +41,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
+from onnx_remat.passes.branch_memory import if_branch_bytes
 from onnx_remat.passes.manager import name_of
 from onnx_remat.passes.sizes import TensorInfo, allocated_bytes
 
@@ -78,6 +81,8 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
         return infos[name_of(node.outputs[0])].allocated_bytes
     if node.op_type in RECURRENT_GATES:
         return _recurrent_bytes(node, infos)
+    if node.op_type == "If":
+        return if_branch_bytes(node, infos)
     return 0
 
 

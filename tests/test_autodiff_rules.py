@@ -785,6 +785,7 @@ def test_every_rule_is_tested() -> None:
     tested |= {op for op, rule in RULES.items() if rule is NO_GRADIENT}  # test_autodiff_no_gradient.py
     tested |= {"DFT", "STFT"}  # test_autodiff_spectral.py
     tested |= {"RoiAlign", "MaxRoiPool"}  # test_autodiff_roi.py
+    tested |= {"If"}  # test_autodiff_control_flow.py
     assert set(RULES) <= tested, sorted(set(RULES) - tested)
 
 

@@ -531,6 +531,37 @@ class ScriptedLoop(nn.Module):
         return self.head(_tanh_steps(self.inner(x), self.weight))
 
 
+class Conditional(nn.Module):
+    """A linear layer, torch.cond on the input's sign (the dynamo exporter writes an If whose branches read the
+    layer's output and a parameter): ReLU scaled by a parameter only the true branch reads, or tanh; a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 12)
+        self.scale = nn.Parameter(torch.randn(12))
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        return self.head(torch.cond(x.sum() > 0, lambda t: torch.relu(t) * self.scale, torch.tanh, (h,)))
+
+
+class CondMLP(nn.Module):
+    """An MLP with torch.cond in the middle: on a positive input sum another layer's ReLU times `scale`, else tanh
+    (tests/test_autodiff_control_flow.py, tools/bench_cond.py; random_feeds' seed 0 at 2048 rows takes the first)."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, width), nn.Linear(width, width)
+        self.c, self.d = nn.Linear(width, width), nn.Linear(width, 4)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        y = torch.cond(x.sum() > 0, lambda t: torch.relu(self.c(t)) * self.scale, torch.tanh, (h,))
+        return self.d(torch.relu(y))
+
+
 class InnerLoss(nn.Module):
     """Scores from a linear layer, then a loss inside the model (a scalar output, trained with loss "sum")."""
 
@@ -893,6 +924,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
     "op_aspp": Architecture(_aspp_head, _tiny_image, loss="mse"),
+    "op_cond": Architecture(Conditional, _features, loss="mse", exporters=DYNAMO_ONLY),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter
 writes the op, and whether the model trains."""

@@ -16,7 +16,14 @@ from onnx_remat.passes.autodiff.emitter import Emitter, Names
 from onnx_remat.passes.autodiff.graph_info import GraphInfo
 from onnx_remat.passes.autodiff.loss import LOSS, add_loss
 from onnx_remat.passes.autodiff.optimizer import add_sgd, check_optimizer, updated_name
-from onnx_remat.passes.autodiff.rules import RULES, Rule
+from onnx_remat.passes.autodiff.reverse import (
+    Reverse,
+    differentiated_reads,
+    refuse_ruleless,
+    requiring,
+    ruleless,
+)
+from onnx_remat.passes.autodiff.rules import RULES
 from onnx_remat.passes.autodiff.training_form import (
     infer,
     ir_version_for,
@@ -24,11 +31,10 @@ from onnx_remat.passes.autodiff.training_form import (
     reject_training,
     training_form_copy,
 )
-from onnx_remat.passes.autodiff.unroll_loops import unroll_scans
+from onnx_remat.passes.autodiff.unroll_loops import unroll_scans, unroll_stopping_loops
 from onnx_remat.passes.autodiff.unroll_rnn import RECURRENT_OPS, unroll_recurrences
 from onnx_remat.passes.expand_functions import defined_body, expand_nodes, model_opset
 from onnx_remat.passes.manager import named, without_weights
-from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.shapes import WEIGHT_BYTES
 
 GRAD_PREFIX = "grad."
@@ -91,6 +97,8 @@ def build_training_graph(model: ir.Model, loss: str = "mse", freeze: Iterable[st
         unroll_recurrences(model, infer(model))
     if any(n.op_type == "Scan" for n in model.graph):
         unroll_scans(model, infer(model))
+    if any(n.op_type == "Loop" for n in model.graph):
+        unroll_stopping_loops(model)
     frozen = _frozen(model, freeze)
     stats = make_trainable(model)
     add_loss(model, loss, _loss_info(model))
@@ -126,18 +134,9 @@ def _grad_name(param: ir.Value) -> str:
 
 
 def _differentiable(node: ir.Node, requires: set[ir.Value] | frozenset[ir.Value]) -> list[ir.Value]:
-    """The node's inputs that carry a gradient into it (for an op without a rule every value it reads: an If's,
-    Loop's or Scan's subgraphs' outer reads too, so that one on a gradient path is named as having no rule)."""
-    return [value for value in _read(node) if value in requires]
-
-
-def _read(node: ir.Node) -> list[ir.Value]:
-    """The values whose numbers the node's output depends on: the inputs its rule differentiates, or every value it
-    reads where it has no rule."""
-    rule = RULES.get(node.op_type)
-    if rule is None:
-        return value_reads(node)
-    return [i for pos, i in enumerate(node.inputs) if i is not None and rule.differentiates(pos, i)]
+    """The node's operands that carry a gradient into it (for an op without a rule every value it reads: a Loop's
+    subgraph's outer reads too, so that one on a gradient path is named as having no rule)."""
+    return [value for value in differentiated_reads(RULES, node) if value in requires]
 
 
 def _loss(model: ir.Model) -> ir.Value:
@@ -167,10 +166,7 @@ def _walk(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) -> _Walk:
     """Walk forward from the trainable initializers and back from the loss."""
     graph = model.graph
     candidates = [v for name, v in graph.initializers.items() if info.is_float(v) and name not in frozen]
-    requires = set(candidates)
-    for node in graph:
-        if _differentiable(node, requires):
-            requires |= {o for o in node.outputs if o.name and info.is_float(o)}
+    requires = requiring(RULES, info, list(graph), set(candidates))
     reaches, active = {_loss(model)}, set()
     for node in reversed(graph):
         if any(o in reaches and o in requires for o in node.outputs):
@@ -200,12 +196,9 @@ def _gradient_paths(model: ir.Model, info: GraphInfo, frozen: frozenset[str]) ->
     candidates, requires, reaches, active = walk.candidates, walk.requires, walk.reaches, walk.active
     missing: dict[str, str] = {}  # op type -> the first node of that type
     for node in graph:
-        if node in active and (node.op_type not in RULES or node.domain not in ("", "ai.onnx")):
-            missing.setdefault(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
-                               named(node))
-    if missing:
-        listed = "; ".join(f"{op} (e.g. node {name!r})" for op, name in sorted(missing.items()))
-        raise ModelError(f"no gradient rule for these op types: {listed}")
+        if node in active and (op := ruleless(RULES, node)) is not None:
+            missing.setdefault(op, named(node))
+    refuse_ruleless(missing)
     parameters = tuple(p for p in candidates if p in reaches)
     _refuse_integer_paths(model, info, candidates, parameters, requires)
     if not parameters:
@@ -223,7 +216,7 @@ def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.
     for node in reversed(model.graph):
         if not any(o in values for o in node.outputs):
             continue
-        values |= set(_read(node))
+        values |= set(differentiated_reads(RULES, node))
     stranded = [named(p) for p in candidates if p in values and p not in parameters]
     if not stranded:
         return
@@ -236,14 +229,14 @@ def _refuse_integer_paths(model: ir.Model, info: GraphInfo, candidates: list[ir.
                      f"tensors{where}: keep that path in floating point, or --freeze those parameters")
 
 
-class _Backward:
+class _Backward(Reverse):
     """Walks the forward nodes in reverse, emitting each one's gradient nodes as its own group."""
 
     def __init__(self, model: ir.Model, info: GraphInfo, paths: _GradientPaths) -> None:
+        super().__init__(RULES, info, paths.requires)
         graph = model.graph
         self.forward = list(graph)
         self.loss = _loss(model)
-        self.info = info
         self.paths = paths
         taken = {named(n) for n in self.forward} | {v.name for n in self.forward for v in [*n.inputs, *n.outputs]
                                                      if v is not None and v.name}
@@ -251,8 +244,6 @@ class _Backward:
         self.names = Names(taken)
         self.nodes: list[ir.Node] = []
         self.groups: dict[str, list[str]] = {}
-        self.partial: dict[ir.Value, list[ir.Value]] = defaultdict(list)  # tensor -> gradient contributions
-        self.handed: dict[ir.Value, int] = defaultdict(int)  # gradient tensor -> times handed out as a contribution
         self.gradients: dict[ir.Value, ir.Value] = {}  # parameter -> its complete gradient `grad.<param>`
         self.last_use = self._last_uses()
 
@@ -280,7 +271,7 @@ class _Backward:
         if loss_node is None:
             raise ModelError(f"the loss {LOSS!r} is no node's output")
         e = self.emitter(named(loss_node), self.info.np_dtype(self.loss))
-        self._contribute(self.loss, e.scalar(1.0))
+        self.contribute(self.loss, e.scalar(1.0))
         self._record(e, 0)
         for node in reversed(self.forward):
             if node in self.paths.active:
@@ -289,30 +280,11 @@ class _Backward:
     def _visit(self, node: ir.Node) -> None:
         """Emit one node's gradient, then complete the parameters it was the first user of."""
         start = len(self.nodes)
-        carrying = [o for o in node.outputs if o.name and self.partial.get(o)]
-        e = self.emitter(named(node), self.info.np_dtype(carrying[0]))
-        rule = RULES[node.op_type]
-        dys = self._output_grads(e, node, rule)
-        needs = [i is not None and i in self.paths.requires and rule.differentiates(pos, i)
-                 for pos, i in enumerate(node.inputs)]
-        for pos, grad in rule.fn(e, node, dys, needs).items():
-            value = node.inputs[pos]
-            if needs[pos] and value is not None:
-                self._contribute(value, grad)
+        e = self.emitter(named(node), self.info.np_dtype(self.carrying(node)[0]))
+        self.differentiate(e, node)
         for param in self.last_use.get(named(node), []):
             self._complete(e, param)
         self._record(e, start)
-
-    def _output_grads(self, e: Emitter, node: ir.Node, rule: Rule) -> list[ir.Value]:
-        """The summed gradients of the outputs the rule uses (zeros for one no gradient reached); ModelError if the
-        loss depends on an output the rule does not use."""
-        dys = [self._total(e, o) if o.name else None for o in node.outputs]
-        if rule.outputs is not None and any(dy is not None for dy in dys[rule.outputs:]):
-            raise ModelError(f"{node.op_type} {node.name!r}: the loss depends on an output whose gradient "
-                             f"is not supported (only the first {rule.outputs})")
-        used = dys if rule.outputs is None else dys[: rule.outputs]
-        return [dy if dy is not None else e.zeros(self.info.shape(out))
-                for dy, out in zip(used, node.outputs, strict=False)]
 
     def add_steps(self, steps: dict[str, list[str]]) -> None:
         """Put each parameter's optimizer nodes in the group of the forward node that completes its gradient."""
@@ -322,17 +294,6 @@ class _Backward:
 
     def _record(self, e: Emitter, start: int) -> None:
         self.groups[e.owner].extend(named(n) for n in self.nodes[start:])
-
-    def _contribute(self, tensor: ir.Value, grad: ir.Value) -> None:
-        self.partial[tensor].append(grad)
-        self.handed[grad] += 1
-
-    def _total(self, e: Emitter, tensor: ir.Value) -> ir.Value | None:
-        """The summed gradient of `tensor` (None if nothing reached it)."""
-        parts = self.partial.pop(tensor, [])
-        if len(parts) > 1:
-            return e.op("Sum", *parts)
-        return parts[0] if parts else None
 
     def _complete(self, e: Emitter, param: ir.Value) -> None:
         """Make the parameter's summed gradient the tensor `grad.<param>`, renaming in place when safe."""

@@ -2,7 +2,12 @@
 their body, one per step, so the existing gradient rules differentiate the body and the rematerializer can free and
 recompute single steps: the dynamo exporter writes torch's scan operator as a Scan, the legacy one a scripted `for`
 loop as a Loop of constant trip count. A Scan whose body holds a subgraph of its own is refused with the node's
-name; a Loop that may stop early (a condition computed in its body, as the while_loop operator's) is left as is."""
+name. A Loop of constant trip count that may stop early (a condition computed in its body) is unrolled for training
+only, every trip under a running "still going" mask (each carried value kept as it was once a trip's condition came
+out false): every trip is computed, which inference need not pay. One that gives per-trip outputs is left (their
+number depends on the data), as is one without a constant trip count (the while_loop operator's, and a scripted
+`for` with a `break`, which the legacy exporter writes with trip count INT64_MAX and its bound in the condition):
+both refused when their outputs are sized."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.graph_info import GraphInfo, attr_int, attr_ints, present
 from onnx_remat.passes.autodiff.unroll_rnn import Steps
 from onnx_remat.passes.manager import named
-from onnx_remat.passes.reads import constant_value, inner_graphs
+from onnx_remat.passes.reads import constant_value, inner_graphs, is_read
 
 
 def unroll_scans(model: ir.Model, info: GraphInfo) -> None:
@@ -81,33 +86,66 @@ MAX_UNROLLED_TRIPS = 1024
 class UnrollConstantLoops(ir.passes.InPlacePass):
     """Replace every main-graph Loop that runs a constant number of times (1 to MAX_UNROLLED_TRIPS, its condition
     constant true in and out of the body) and holds no subgraph of its own by its unrolled steps; before shape
-    resolution, which cannot size a Loop's outputs."""
+    resolution, which cannot size a Loop's outputs. With `stopping` (for training) also those that may stop early
+    (`unroll_stopping_loops`)."""
+
+    def __init__(self, stopping: bool = False) -> None:
+        super().__init__()
+        self.stopping = stopping
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph, modified = model.graph, False
         for node in list(graph):
             trips = _constant_trips(node)
             if trips:
-                graph.insert_before(node, _unroll_loop(node, trips))
+                graph.insert_before(node, _unroll_loop(node, trips, masked=False))
                 graph.remove(node, safe=True)
                 modified = True
+        if self.stopping:
+            modified = unroll_stopping_loops(model) or modified
         return ir.passes.PassResult(model, modified)
+
+
+def unroll_stopping_loops(model: ir.Model) -> bool:
+    """Replace every main-graph Loop of constant trip count that may stop early and gives no per-trip output that is
+    read by its trips under a "still going" mask, in place (for the training step); whether there was one."""
+    graph, modified = model.graph, False
+    for node in list(graph):
+        trips = _bounded_trips(node)
+        per_trip = node.outputs[len(node.inputs) - 2 :]
+        if trips and not any(is_read(value) for value in per_trip):
+            graph.insert_before(node, _unroll_loop(node, trips, masked=not _runs_every_trip(node)))
+            graph.remove(node, safe=True)
+            modified = True
+    return modified
 
 
 def _constant_trips(node: ir.Node) -> int:
     """How many times a Loop node surely runs, or 0 where that is not known before running it, is over
     MAX_UNROLLED_TRIPS, or the node is no Loop with a body free of subgraphs."""
+    trips = _bounded_trips(node)
+    return trips if trips and _runs_every_trip(node) else 0
+
+
+def _bounded_trips(node: ir.Node) -> int:
+    """A Loop node's constant trip count (1 to MAX_UNROLLED_TRIPS), or 0 where it has none or is no Loop with a body
+    free of subgraphs."""
     body = node.attributes.get("body")
     if node.op_type != "Loop" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2 or body is None \
             or body.type != ir.AttributeType.GRAPH or any(inner_graphs(inner) for inner in body.as_graph()):
         return 0
-    trips, condition = constant_value(node.inputs[0]), node.inputs[1]
+    trips = constant_value(node.inputs[0])
     if trips is None or trips.size != 1 or not 0 < int(trips) <= MAX_UNROLLED_TRIPS:
         return 0
+    return int(trips)
+
+
+def _runs_every_trip(node: ir.Node) -> bool:
+    """Whether a Loop's condition is constant true in and out of its body."""
+    condition, graph = node.inputs[1], node.attributes["body"].as_graph()
     if condition is not None and not _always_true(condition, None):
-        return 0
-    graph = body.as_graph()
-    return int(trips) if _always_true(graph.outputs[0], graph.inputs[1]) else 0
+        return False
+    return _always_true(graph.outputs[0], graph.inputs[1])
 
 
 def _always_true(value: ir.Value, passed: ir.Value | None) -> bool:
@@ -123,20 +161,29 @@ def _always_true(value: ir.Value, passed: ir.Value | None) -> bool:
     return known is not None and bool(np.all(known))
 
 
-def _unroll_loop(node: ir.Node, trips: int) -> list[ir.Node]:
-    """The body's nodes once per trip, each reading the iteration number as a constant, a true condition and the
+def _unroll_loop(node: ir.Node, trips: int, masked: bool) -> list[ir.Node]:
+    """The body's nodes once per trip, each reading the iteration number as a constant, the condition and the
     previous trip's carried values; the last carried values and the stacked scan outputs take over the node's
-    outputs' names and readers."""
+    outputs' names and readers. `masked`: the condition is the Loop's own and then the And of every trip's, and a
+    trip's carried values are the previous ones where it was false on entry (the Loop would have stopped)."""
     body = node.attributes["body"].as_graph()
     carried = [present(value) for value in node.inputs[2:]]
     steps = Steps(named(node), np.dtype(np.float32))
     stacked: list[list[ir.Value]] = [[] for _ in body.outputs[1 + len(carried):]]
+    going = node.inputs[1] if masked else None
+    if going is None:
+        going = steps.op("Constant", value=ir.tensor(np.asarray(True)))
     for t in range(trips):
         given = dict(zip(body.inputs[2:], carried, strict=True))
         given[body.inputs[0]] = steps.ints(t)
-        given[body.inputs[1]] = steps.op("Constant", value=ir.tensor(np.asarray(True)))
+        given[body.inputs[1]] = going
         results = [given.get(v, v) for v in _step(steps, body, given, f"{named(node)}/{t}")]
-        carried = results[1 : 1 + len(carried)]
+        if masked:
+            carried = [steps.op("Where", going, new, old)
+                       for new, old in zip(results[1 : 1 + len(carried)], carried, strict=True)]
+            going = steps.op("And", going, results[0])
+        else:
+            carried = results[1 : 1 + len(carried)]
         for collected, y in zip(stacked, results[1 + len(carried):], strict=True):
             collected.append(y)
     for produced, wanted in zip([*carried, *(steps.stack(ys, 0) for ys in stacked)], node.outputs, strict=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onnx_remat.passes.autodiff.rules import (
     activation,
+    control,
     einsum,
     gather,
     grid_sample,
@@ -163,5 +164,7 @@ RULES: dict[str, Rule] = {
     "Shape": NO_GRADIENT,
     "Size": NO_GRADIENT,
 }
+RULES["If"] = control.if_rule(RULES)  # its branches are differentiated by the rules above, and a nested If by this
+
 
 __all__ = ["RULES", "GradFn", "Rule"]

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_remat.passes.autodiff.emitter import Emitter
+from onnx_remat.passes.reads import outer_uses
 
 # dys[j]: gradient of output j (for a rule using only the first output, that one; the builder gives zeros for an
-# output no gradient reaches); needs[i]: input i wants a gradient.
+# output no gradient reaches); needs[i]: operand i (`Rule.operands`) wants a gradient; keys of the result: operands.
 GradFn = Callable[[Emitter, ir.Node, Sequence[ir.Value], Sequence[bool]], dict[int, ir.Value]]
 
 
@@ -24,6 +25,15 @@ class Rule:
     computed_only: tuple[int, ...] = ()
     """Input positions differentiated only when a node computes them: an initializer there is a constant, not a
     parameter (Clip's bounds: ReLU6's 0 and 6 are constants, a clamp by a tensor computed from weights is not)."""
+    outer_reads: bool = False
+    """Whether the operands are the outer tensors the node's subgraphs read, each once in order of first read (an
+    If's branches read what they differentiate; its one input, the condition, gets no gradient), not its inputs."""
+
+    def operands(self, node: ir.Node) -> list[ir.Value | None]:
+        """What the rule differentiates, by position."""
+        if self.outer_reads:
+            return list(dict.fromkeys(value for _, _, value in outer_uses(node)))
+        return list(node.inputs)
 
     def differentiates(self, position: int, value: ir.Value) -> bool:
         """Whether the rule gives a gradient for `value`, the input at `position`."""

@@ -17,7 +17,8 @@ Time is measured: whole runs after warm-up runs, median over the repeats; per de
 the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted here and measured by
 `measure_devices` (fresh processes, the high-water mark reset around every step: `with_measured_peaks`), and judged
 against the budgets within the spread of those processes (`verdict`).
-A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
+A device's predicted peak is the largest, over the steps, of: the parameters its segments read and the values of their
+Constant nodes (initializers once a session loads: `sizes.held_as_initializer`), the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
 step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
 their input's buffer, after their first run (`runtime_kept`), and while a segment runs what it produces and its
@@ -46,7 +47,7 @@ from onnx_remat.passes.measure import predicted_activation_peak
 from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
-from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.passes.sizes import TensorInfo, held_as_initializer, tensor_infos
 from onnx_remat.passes.verdict import Verdict, judge
 from onnx_remat.passes.workspace import workspace_bytes
 
@@ -150,7 +151,7 @@ def build_plan(model: onnx.ModelProto, devices: Sequence[Device]) -> Plan:
     planner = _Planner(model, devices, tensor_infos(model))
     placed = _placements(model, devices)
     sizes = {name: info.allocated_bytes for name, info in planner.infos.items()
-             if name not in planner.resident and name not in planner.initializers}
+             if name not in planner.resident and name not in planner.initializers and name not in planner.constants}
     scratch = [workspace_bytes(node, planner.infos, devices[item.device].threads or 1)
                for node, item in zip(ir.serde.deserialize_model(model).graph, placed, strict=True)]
     return planner.build(_group(placed, sizes, set(planner.graph_outputs), scratch))
@@ -400,6 +401,7 @@ class _Planner:
         self.devices = devices
         self.infos = infos
         self.initializers = {init.name: init for init in model.graph.initializer}
+        self.constants = {out for node in model.graph.node if held_as_initializer(node) for out in node.output}
         self.graph_outputs = [output.name for output in model.graph.output]
         self.home: dict[str, int] = {value.name: HOST for value in model.graph.input if value.name not in
                                      self.initializers}  # tensor -> the device its (first) value is on
@@ -518,11 +520,13 @@ class _Planner:
         return tuple(tuple(keys) for keys in drops)
 
     def _parameter_bytes(self, steps: list[Step]) -> tuple[int, ...]:
-        """The bytes of the parameters each device's segments read."""
+        """The bytes of the parameters each device's segments read and of their Constants' values."""
         parameters = [0] * len(self.devices)
         for device in range(len(self.devices)):
-            used = {name for step in steps if isinstance(step, Segment) and step.device == device
-                    for node in step.model.graph.node for name in node.input if name in self.initializers}
+            nodes = [node for step in steps if isinstance(step, Segment) and step.device == device
+                     for node in step.model.graph.node]
+            used = {name for node in nodes for name in node.input if name in self.initializers}
+            used |= {name for node in nodes for name in node.output if name in self.constants}
             parameters[device] = sum(self.infos[name].allocated_bytes for name in used)
         return tuple(parameters)
 

@@ -70,15 +70,18 @@ def build_problem(
     constant = {name for name, node in nodes.items() if _is_constant_node(node, constants)}
     if groups is None:
         groups = [(name,) for name in nodes]
-    initializers = [name for name, node in nodes.items() if held_as_initializer(node)]
     # A constant node runs up front unless it belongs to a group with real work, or its group's outputs are read by
     # one such group alone, where it is recomputed with the group and its output stays transient (e.g. a weight
-    # rescaled for one gradient). A Constant is up front in any case: resident from the session's load on.
-    joined = _join_constant_groups(_without(groups, roles, set(initializers)), nodes, constant)
+    # rescaled for one gradient). A Constant is up front in any case, resident from the session's load on; it leaves
+    # its group only once the groups are drawn, which it still shapes (a view's gradient led by a shape Constant is
+    # no lone view to attach to its producer).
+    joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
     least = max(1.0, CUT_SHARE * max((info.allocated_bytes for info in infos.values()), default=0))
     up_front = [names for names, _ in joined
                 if all(n in constant for n in names) and not _lives_as_operator(names, nodes, constant, infos)]
-    prelude = initializers + [name for names in up_front for name in names]
+    initializers = [name for name, node in nodes.items() if held_as_initializer(node)]
+    as_initializers = set(initializers)
+    prelude = [*initializers, *(name for names in up_front for name in names if name not in as_initializers)]
     # Constants that joined the operator reading them: the operator keeps the name of its own nodes.
     moved = {name for names in groups if all(n in constant for n in names) for name in names} - set(prelude)
     graph_outputs = {named(value) for value in graph.outputs}
@@ -86,6 +89,7 @@ def build_problem(
                          graph_outputs)
     if len(device_costs) == 1:  # several devices run segments, which hold their inputs until they return
         kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
+    kept = _without(kept, as_initializers)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)
@@ -130,11 +134,9 @@ def build_problem(
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
 
 
-def _without(groups: Sequence[Sequence[str]], roles: Sequence[str],
-             left_out: set[str]) -> list[tuple[tuple[str, ...], str]]:
-    """The groups with their roles (none given: blank), less the nodes `left_out` and the groups left empty."""
-    paired = zip(groups, roles or [""] * len(groups), strict=True)
-    return [(kept, role) for names, role in paired if (kept := tuple(name for name in names if name not in left_out))]
+def _without(groups: list[tuple[tuple[str, ...], str]], left_out: set[str]) -> list[tuple[tuple[str, ...], str]]:
+    """The groups less the nodes `left_out`, and those left empty."""
+    return [(kept, role) for names, role in groups if (kept := tuple(name for name in names if name not in left_out))]
 
 
 def _loaded_groups(ops: list[list[ir.Node]], prelude: list[ir.Node], resident: dict[str, int],

@@ -265,6 +265,16 @@ def test_infeasible_budget_above_the_quick_bound_is_proven():
     assert error.value.minimum_bytes == minimum
 
 
+def test_the_portfolio_reports_the_proof_of_infeasibility_that_stopped_highs():
+    """A chain small enough for CP-SAT's interval model to be exact: it proves the budget infeasible, which stops
+    HiGHS; the answer is that proof, not the stopped HiGHS's "interrupted" (raised as a Ctrl-C before)."""
+    problem = make_problem(3, [(0, 1), (1, 2)], [4, 5, 7], [2, 5, 1], [0, 2], [2, 3, 3], 0)
+    minimum = brute_force(problem, "peak")
+    assert quick_lower_bound(problem) <= 16 < minimum
+    with pytest.raises(InfeasibleBudgetError):
+        solve(with_budget(problem, 16), "auto")
+
+
 def test_unknown_solver_names_the_valid_ones():
     with pytest.raises(UsageError, match="auto, highs, cbc"):
         solve(training_chain(2), "gurobi")

@@ -317,6 +317,8 @@ def _race(
             status = SolveStatus.OPTIMAL
         elif status == SolveStatus.HEURISTIC:  # HiGHS found nothing, CP-SAT did: a search's result, not a heuristic's
             status = SolveStatus.TIME_LIMIT
+    if found.exact and found.intervals.status == SolveStatus.INFEASIBLE:  # its proof stopped HiGHS: not a Ctrl-C
+        status = SolveStatus.INFEASIBLE
     if any(watch.reached for watch in watches) and status == SolveStatus.INTERRUPTED:
         status = SolveStatus.OPTIMAL if _proven(problem, schedule, proven_bound or 0.0) else SolveStatus.TIME_LIMIT
     return schedule, status, bound

@@ -30,6 +30,18 @@ def least_evicting_peak(problem: Problem) -> int:
     return check_schedule(problem, schedule).peak_bytes[0]
 
 
+def test_an_output_whose_inputs_are_gone_is_not_evicted_as_cheap():
+    """Stage 5 must evict op 0 (5 bytes, 4 s) or op 2 (5 bytes, 3 s), both read at stage 6. Op 2's input, op 1 (9
+    bytes), is gone: recomputing op 2 needs op 1 and op 0 back with it, 19 bytes at once. Rated by its own cost op 2
+    was evicted and 14 bytes, the minimum, did not fit (the search ended at 15); rated with its missing input's cost,
+    op 0 is evicted and 14 fits."""
+    edges = [(0, 1), (1, 2), (0, 3), (2, 3), (0, 4), (4, 5), (2, 6), (0, 6)]
+    problem = make_problem(7, edges, [5, 9, 5, 2, 4, 1, 3], [4, 3, 3, 4, 1, 4, 1])
+    assert brute_force_kept(problem, "peak") == 14
+    assert evicting(problem, 14) is not None
+    assert least_evicting_peak(problem) == 14
+
+
 def test_the_search_sweeps_below_a_budget_that_does_not_fit():
     """With the bytes the runtime keeps per computation the heuristic fits 29 and 31 bytes but not 30: halving stopped
     at 31, the sweep below it finds 29, the minimum."""

@@ -3,8 +3,9 @@
 An operator is a group of nodes: one node in inference, a forward node or the nodes of its
 gradient in training (the paper's T = 2N). Nodes whose inputs are all constant (Constant nodes,
 plumbing fed only by initializers) run once up front (the prelude) and their outputs count as resident, like
-parameters and graph inputs: with one device in its resident bytes, with several in `Problem.loaded` groups (a
-device holds them once an operator reading them runs there, as `run` loads them). An operator with a
+parameters and graph inputs (a Constant always, whatever group it came in: runtimes hold its value as an
+initializer, `sizes.held_as_initializer`): with one device in its resident bytes, with several in `Problem.loaded`
+groups (a device holds them once an operator reading them runs there, as `run` loads them). An operator with a
 node drawing random values (random_ops.py) is computed once. Edges and hand-offs come
 from the IR: the producer of every value an operator's node reads (its subgraphs' outer reads included). What a
 device's runtime keeps per node writing into its input's buffer after its first run (`shared_kept`:
@@ -28,7 +29,7 @@ from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.runtime_kept import sharing_nodes
-from onnx_remat.passes.sizes import TensorInfo, on_heap
+from onnx_remat.passes.sizes import TensorInfo, held_as_initializer, on_heap
 
 CUT_SHARE = 0.25
 """A group is split where that lowers its memory by this share of the graph's largest tensor or more (see
@@ -71,12 +72,16 @@ def build_problem(
         groups = [(name,) for name in nodes]
     # A constant node runs up front unless it belongs to a group with real work, or its group's outputs are read by
     # one such group alone, where it is recomputed with the group and its output stays transient (e.g. a weight
-    # rescaled for one gradient).
+    # rescaled for one gradient). A Constant is up front in any case, resident from the session's load on; it leaves
+    # its group only once the groups are drawn, which it still shapes (a view's gradient led by a shape Constant is
+    # no lone view to attach to its producer).
     joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
     least = max(1.0, CUT_SHARE * max((info.allocated_bytes for info in infos.values()), default=0))
     up_front = [names for names, _ in joined
                 if all(n in constant for n in names) and not _lives_as_operator(names, nodes, constant, infos)]
-    prelude = [name for names in up_front for name in names]
+    initializers = [name for name, node in nodes.items() if held_as_initializer(node)]
+    as_initializers = set(initializers)
+    prelude = [*initializers, *(name for names in up_front for name in names if name not in as_initializers)]
     # Constants that joined the operator reading them: the operator keeps the name of its own nodes.
     moved = {name for names in groups if all(n in constant for n in names) for name in names} - set(prelude)
     graph_outputs = {named(value) for value in graph.outputs}
@@ -84,6 +89,7 @@ def build_problem(
                          graph_outputs)
     if len(device_costs) == 1:  # several devices run segments, which hold their inputs until they return
         kept = split_groups(kept, nodes, infos, workspace, graph_outputs, least)
+    kept = _without(kept, as_initializers)
     ops = [[nodes[name] for name in names] for names, _ in kept]
     group_of = {node: g for g, group in enumerate(ops) for node in group}
     edges, handed = _edges(ops, group_of)
@@ -126,6 +132,11 @@ def build_problem(
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
     return GraphProblem(problem, OpMap(node_names, tuple(prelude), kept_roles))
+
+
+def _without(groups: list[tuple[tuple[str, ...], str]], left_out: set[str]) -> list[tuple[tuple[str, ...], str]]:
+    """The groups less the nodes `left_out`, and those left empty."""
+    return [(kept, role) for names, role in groups if (kept := tuple(name for name in names if name not in left_out))]
 
 
 def _loaded_groups(ops: list[list[ir.Node]], prelude: list[ir.Node], resident: dict[str, int],
@@ -226,7 +237,7 @@ def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], consta
     return any(not on_heap(infos[value.name].nbytes) for value in values if value.name in infos)
 
 
-def _join_constant_groups(groups: list[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],
+def _join_constant_groups(groups: Sequence[tuple[Sequence[str], str]], nodes: dict[str, ir.Node],
                           constant: set[str]) -> list[tuple[tuple[str, ...], str]]:
     """Each group of constant nodes whose outputs one other group alone reads (a loss gradient's seed expanded to the
     output's shape) joins the front of that group: computed, and recomputed, with it. In the prelude its outputs would

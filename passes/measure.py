@@ -39,7 +39,7 @@ import onnx_ir as ir
 from onnx_remat.passes.aliasing import shared_buffers
 from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.shapes import resolve_shapes
-from onnx_remat.passes.sizes import MMAP_THRESHOLD, tensor_infos
+from onnx_remat.passes.sizes import MMAP_THRESHOLD, held_as_initializer, tensor_infos
 from onnx_remat.passes.workspace import workspace_bytes
 
 MEASURING_ENV = {
@@ -71,7 +71,8 @@ class NodeMemory:
 def node_memory(model: onnx.ModelProto, threads: int = 1) -> Iterator[NodeMemory]:
     """Per node of a model run in file order, what it holds while it runs. A buffer lives from its producer to the
     last reader of any tensor in it (a reshape shares its input's); graph outputs and tensors no node reads live to
-    the end (onnxruntime frees unread outputs only then). Each node's live buffers are a dict of their own, never
+    the end (onnxruntime frees unread outputs only then). A Constant's output is an initializer, resident before the
+    run (`sizes.held_as_initializer`), not among them. Each node's live buffers are a dict of their own, never
     changed after it is yielded (no copy per node: a rewrite has thousands of nodes)."""
     model = resolve_shapes(model)
     infos = tensor_infos(model)
@@ -83,17 +84,19 @@ def node_memory(model: onnx.ModelProto, threads: int = 1) -> Iterator[NodeMemory
     last_use.update({name: len(nodes) for name in outputs})
     live: dict[str, int] = {}
     for index, node in enumerate(nodes):
-        live.update((name, infos[name].allocated_bytes) for name in map(name_of, node.outputs)
-                    if name and name not in owner)
+        allocated = [] if held_as_initializer(node) else map(name_of, node.outputs)
+        live.update((name, infos[name].allocated_bytes) for name in allocated if name and name not in owner)
         yield NodeMemory(live, workspace_bytes(node, infos, threads))
         live = {name: size for name, size in live.items() if last_use.get(name, len(nodes)) > index}
 
 
 def held_before_run(model: onnx.ModelProto) -> int:
-    """Bytes `measure_activation_peak` finds resident before the run: parameters and graph inputs. Nodes fed
-    by constants alone (a report's resident prelude) run inside the run and count as activations there."""
+    """Bytes `measure_activation_peak` finds resident before the run: parameters, Constants' values (initializers
+    once loaded) and graph inputs. Other nodes fed by constants alone (a report's resident prelude) run inside the
+    run and count as activations there."""
     infos = tensor_infos(model)
     names = {init.name for init in model.graph.initializer} | {value.name for value in model.graph.input}
+    names |= {name for node in model.graph.node if held_as_initializer(node) for name in node.output}
     return sum(infos[name].allocated_bytes for name in names)
 
 

@@ -17,7 +17,10 @@ Time is measured: whole runs after warm-up runs, median over the repeats; per de
 the rest (`handoff_seconds`) is moving tensors and Python. Memory is predicted here and measured by
 `measure_devices` (fresh processes, the high-water mark reset around every step: `with_measured_peaks`), and judged
 against the budgets within the spread of those processes (`verdict`).
-A device's predicted peak is the largest, over the steps, of: the parameters its segments read, the tensors the
+A Constant node's value is an initializer of every segment reading it, as runtimes hold it
+(`sizes.held_as_initializer`): never handed over, so that a runtime needing it constant (OpenVINO: a ReduceSum's
+axes) finds it so. A device's predicted peak is the largest, over the steps, of: the parameters and Constants' values
+its segments read or make, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
 step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
 their input's buffer, after their first run (`runtime_kept`), and while a segment runs what it produces and its
@@ -37,7 +40,8 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx import helper
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
@@ -47,7 +51,7 @@ from onnx_remat.passes.reads import proto_reads
 from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer, sharing_nodes
 from onnx_remat.passes.runtimes import Runtime, Values, runtime_for
 from onnx_remat.passes.shapes import resolve_shapes
-from onnx_remat.passes.sizes import TensorInfo, tensor_infos
+from onnx_remat.passes.sizes import TensorInfo, held_as_initializer, tensor_infos
 from onnx_remat.passes.verdict import Verdict, judge
 from onnx_remat.passes.workspace import workspace_bytes
 
@@ -401,7 +405,10 @@ class _Planner:
         self.model = model
         self.devices = devices
         self.infos = infos
-        self.initializers = {init.name: init for init in model.graph.initializer}
+        constants = [node for node in model.graph.node if held_as_initializer(node)]
+        # parameters and Constants' values: initializers of every segment reading them, as runtimes hold them
+        self.initializers = {init.name: init for init in model.graph.initializer} | {
+            node.output[0]: _constant_initializer(node) for node in constants}
         self.graph_outputs = [output.name for output in model.graph.output]
         self.home: dict[str, int] = {value.name: HOST for value in model.graph.input if value.name not in
                                      self.initializers}  # tensor -> the device its (first) value is on
@@ -480,10 +487,13 @@ class _Planner:
     def _submodel(
         self, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], device: int
     ) -> onnx.ModelProto:
-        """A standalone model of `nodes`: the parameters they read as initializers, and the whole model's shapes for
-        the tensors inside (a shape computed from a tensor another segment hands over, such as a ReduceMean's axes
-        from a Constant node on another device, cannot be found in the segment alone)."""
-        used = {name for node in nodes for name in proto_reads(node) if name in self.initializers}
+        """A standalone model of `nodes`: the parameters and Constants' values they (or their subgraphs) read as
+        initializers (a Constant among `nodes` makes its own), and the whole model's shapes for the tensors inside (a
+        shape computed from a tensor another segment hands over, such as a ReduceMean's axes from a Constant node on
+        another device, cannot be found in the segment alone)."""
+        produced = {name for node in nodes for name in node.output}
+        used = {name for node in nodes for name in proto_reads(node)
+                if name in self.initializers and name not in produced}
         ends = {*inputs, *outputs}
         inside = dict.fromkeys(out for node in nodes for out in node.output if out and out not in ends)
         graph = helper.make_graph(
@@ -520,11 +530,12 @@ class _Planner:
         return tuple(tuple(keys) for keys in drops)
 
     def _parameter_bytes(self, steps: list[Step]) -> tuple[int, ...]:
-        """The bytes of the parameters each device's segments read."""
+        """The bytes of the parameters and Constants' values each device's segments read or make."""
         parameters = [0] * len(self.devices)
         for device in range(len(self.devices)):
-            used = {name for step in steps if isinstance(step, Segment) and step.device == device
-                    for node in step.model.graph.node for name in node.input if name in self.initializers}
+            nodes = [node for step in steps if isinstance(step, Segment) and step.device == device
+                     for node in step.model.graph.node]
+            used = {name for node in nodes for name in (*node.input, *node.output) if name in self.initializers}
             parameters[device] = sum(self.infos[name].allocated_bytes for name in used)
         return tuple(parameters)
 
@@ -552,6 +563,13 @@ class _Planner:
             running = parameters[moment.device] + sum(moment.held.values()) + moment.running
             peaks[moment.device] = max(peaks[moment.device], running)
         return tuple(peaks)
+
+
+def _constant_initializer(node: onnx.NodeProto) -> onnx.TensorProto:
+    """A Constant node's value (any of its attribute forms) as an initializer named as its output."""
+    outputs = ReferenceEvaluator(node).run([node.output[0]], {})
+    assert isinstance(outputs, list)
+    return numpy_helper.from_array(np.asarray(outputs[0]), node.output[0])
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import baselines_of, best_segmented
 from onnx_remat.passes.solve.min_budget import (
-    FIRST_TRY_RUNS,
+    SEARCH_FLOOR_RUNS,
     _least_evicting,
     eviction_runs,
     minimum_budget,
@@ -96,19 +96,19 @@ def test_a_solve_without_time_starts_from_the_eviction_heuristic_at_the_budget()
     assert result.objective <= check_schedule(problem, evicting).total_cost + 1e-12
 
 
-def test_the_searchs_work_shrinks_with_the_limit_and_the_load_but_never_below_one_budgets():
+def test_the_searchs_work_shrinks_with_the_limit_and_the_load_but_never_below_its_floor():
     problem = with_budget(unet(6), unet(6).keep_all_bytes())
     runs = [search_runs(problem, seconds, 1.0) for seconds in (0.0, 1.0, 10.0, 100.0)]
     assert runs == sorted(runs) and runs[0] < runs[-1]
     assert search_runs(problem, 100.0, 4.0) < search_runs(problem, 100.0, 1.0)
-    assert search_runs(problem, 0.0, 1000.0) >= FIRST_TRY_RUNS * problem.num_ops
+    assert search_runs(problem, 0.0, 1000.0) >= SEARCH_FLOOR_RUNS * problem.num_ops
 
 
 def test_a_search_cut_short_by_its_work_still_ends_at_a_fitting_schedule_no_better_than_a_longer_ones():
     """The least budget found with the least work the search may get (its first budget's) fits, checked by the
     simulator; with more work the search goes further down the same budgets."""
     graph = with_kept(unet(6), 5)
-    short = _least_evicting(graph, 0, runs=FIRST_TRY_RUNS * graph.num_ops)
+    short = _least_evicting(graph, 0, runs=SEARCH_FLOOR_RUNS * graph.num_ops)
     full = _least_evicting(graph, 0)
     assert short is not None and full is not None
     short_peak, full_peak = simulate(graph, short).peak_bytes[0], simulate(graph, full).peak_bytes[0]

@@ -169,9 +169,11 @@ RUN_SECONDS_PER_OPERATOR = 5e-8
 SEARCH_FLOOR_SECONDS = 0.2
 """CPU seconds of the eviction search that any time limit, even 0, pays for: small problems' whole search (the README's
 U-Net's takes 4k operator runs of the 22k it pays for)."""
-FIRST_TRY_RUNS = 2
+SEARCH_FLOOR_RUNS = 4
 """Operator runs per operator that any time limit, even 0, pays for: the first budget tried, a baseline's peak, where
-the heuristic fits with about one (DenseNet-121's training step 1.0; measured)."""
+the heuristic fits with about one (DenseNet-121's training step 1.0), and one halving below it (swin_v2_t's training
+step: 2.5 at 363 MiB, two passes of the heuristic for the bytes its recomputations keep; with 2 the search stated the
+baseline's 379.5 MiB, no recomputation; measured)."""
 
 
 def eviction_runs(problem: Problem) -> int:
@@ -182,11 +184,11 @@ def eviction_runs(problem: Problem) -> int:
 def search_runs(problem: Problem, seconds: float, slowdown: float = 1.0) -> int:
     """Operator runs the minimum search's eviction heuristic may try in all in `seconds` on a machine `slowdown` times
     slower than an idle one: those an idle core runs in `seconds / slowdown` (at least SEARCH_FLOOR_SECONDS), and at
-    least FIRST_TRY_RUNS per operator, for the first budget tried. A work bound that shrinks with the limit, never a
-    race with the clock (the solver's own warm start at the budget has its own, eviction_runs)."""
+    least SEARCH_FLOOR_RUNS per operator, for the first budget tried and one below it. A work bound that shrinks with
+    the limit, never a race with the clock (the solver's own warm start at the budget has its own, eviction_runs)."""
     idle_seconds = max(seconds / slowdown, SEARCH_FLOOR_SECONDS)
     per_run = max(1, problem.num_ops) * RUN_SECONDS_PER_OPERATOR
-    return max(FIRST_TRY_RUNS * problem.num_ops, int(idle_seconds / per_run))
+    return max(SEARCH_FLOOR_RUNS * problem.num_ops, int(idle_seconds / per_run))
 
 
 def _least_evicting(
@@ -269,30 +271,56 @@ DESCENT = 0.8
 that does not."""
 
 
+SWEEP_STEP = 0.01
+"""Budgets the downward sweep below the halving's least budget tries lie this share of it apart."""
+SWEEP_MISSES = 2
+"""Budgets in a row that do not fit, after which the downward sweep stops. Each costs most at a tight budget: on
+DenseNet-121's training step 1.3-2.2 CPU s each (8 of them took the search at a 10 s limit from 6.1 to 15.9 CPU s;
+measured under load 15), where the operator runs they take are 3-4 per operator, within the work bound."""
+
+
 def _least_budget(fitting: Callable[[int], Schedule | None], lower: int, high: int) -> tuple[int, Schedule | None]:
-    """The least budget in [lower, high] (to 0.5% of high, then `lower` itself) at which `fitting` gives a
-    schedule, and it; `high` and None if none fits at `high` either. Assumes that what fits a budget fits any larger
-    one. It steps down from `high`, the easy end, by DESCENT until a budget fails, then halves between the two; `lower`
-    is tried once at most (a budget that does not fit costs most)."""
+    """The least budget found in [lower, high] at which `fitting` gives a schedule, and it; `high` and None if none fits
+    at `high` either. It steps down from `high`, the easy end, by DESCENT until a budget fails or the step would pass
+    `lower`, then halves between the two (to 0.5% of high), then sweeps down below (`_swept_down`: fitting is not
+    monotone in the budget); `lower` is tried last, once (a budget that does not fit costs most: swin_v2_t's training
+    step spent 0.85 operator runs per operator failing at its `lower` before halving, and with no time left its
+    search's work ran out before the first budget below its baseline)."""
     best = fitting(high)
     if best is None:
         return high, None
     low = lower
-    while high > lower:
-        step = max(lower, int(high * DESCENT))
+    while (step := int(high * DESCENT)) > lower:
         if (schedule := fitting(step)) is None:
             low = step
             break
         high, best = step, schedule
-    lower_tried = low == lower
     while high - low > max(1, high // 200):
         middle = (low + high) // 2
         if (schedule := fitting(middle)) is not None:
             high, best = middle, schedule
         else:
             low = middle
-    if high > lower and not lower_tried and (at_lower := fitting(lower)) is not None:
+    high, best = _swept_down(fitting, lower, high, best)
+    if high > lower and (at_lower := fitting(lower)) is not None:
         return lower, at_lower
+    return high, best
+
+
+def _swept_down(fitting: Callable[[int], Schedule | None], lower: int, high: int,
+                best: Schedule) -> tuple[int, Schedule]:
+    """The least budget that fits, and its schedule, among `high` (which fits with `best`) and the budgets SWEEP_STEP
+    of it apart below it, down to `lower` and until SWEEP_MISSES in a row do not fit: the eviction heuristic can fit
+    a budget below one it does not, where the halving stops (the bytes the runtime keeps per computation make it: a
+    7-operator graph of the tests fits 29 and 31 bytes, not 30)."""
+    step = max(1, int(high * SWEEP_STEP))
+    budget, misses = high - step, 0
+    while budget > lower and misses < SWEEP_MISSES:
+        if (schedule := fitting(budget)) is not None:
+            high, best, misses = budget, schedule, 0
+        else:
+            misses += 1
+        budget -= step
     return high, best
 
 

@@ -1,0 +1,73 @@
+"""The eviction heuristic's least budget, as the minimum-budget search finds it, against brute force on graphs small
+enough to enumerate: its eviction score and a fitting that is not monotone in the budget. Every schedule is checked by
+the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from test_simulate_kept import brute_force_kept
+from test_solver import make_problem, with_budget
+
+from onnx_remat.core.problem import Problem
+from onnx_remat.core.schedule import Schedule
+from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.passes.solve.min_budget import _least_budget, _least_evicting, minimum_budget
+from onnx_remat.passes.solve.offload import offload
+
+
+def evicting(problem: Problem, budget: int) -> Schedule | None:
+    """The eviction heuristic's schedule at `budget`, checked by the simulator, or None."""
+    schedule = offload(with_budget(problem, budget), 0)
+    if schedule is not None:
+        check_schedule(with_budget(problem, budget), schedule)
+    return schedule
+
+
+def least_evicting_peak(problem: Problem) -> int:
+    schedule = _least_evicting(problem, 0)
+    assert schedule is not None
+    return check_schedule(problem, schedule).peak_bytes[0]
+
+
+def test_an_output_whose_inputs_are_gone_is_not_evicted_as_cheap():
+    """Stage 5 must evict op 0 (5 bytes, 4 s) or op 2 (5 bytes, 3 s), both read at stage 6. Op 2's input, op 1 (9
+    bytes), is gone: recomputing op 2 needs op 1 and op 0 back with it, 19 bytes at once. Rated by its own cost op 2
+    was evicted and 14 bytes, the minimum, did not fit (the search ended at 15); rated with its missing input's cost,
+    op 0 is evicted and 14 fits."""
+    edges = [(0, 1), (1, 2), (0, 3), (2, 3), (0, 4), (4, 5), (2, 6), (0, 6)]
+    problem = make_problem(7, edges, [5, 9, 5, 2, 4, 1, 3], [4, 3, 3, 4, 1, 4, 1])
+    assert brute_force_kept(problem, "peak") == 14
+    assert evicting(problem, 14) is not None
+    assert least_evicting_peak(problem) == 14
+
+
+def test_the_search_sweeps_below_a_budget_that_does_not_fit():
+    """With the bytes the runtime keeps per computation the heuristic fits 29 and 31 bytes but not 30: halving stopped
+    at 31, the sweep below it finds 29, the minimum."""
+    graph = make_problem(
+        7, [(0, 1), (0, 2), (2, 3), (0, 3), (3, 4), (0, 4), (4, 5), (1, 6), (2, 6)], [7, 3, 4, 4, 1, 5, 2],
+        [3, 2, 2, 2, 1, 2, 5]
+    )
+    problem = replace(graph, kept_bytes=((0, 1, 3, 3, 2, 1, 2),))
+    assert [evicting(problem, budget) is not None for budget in (29, 30, 31)] == [True, False, True]
+    assert brute_force_kept(problem, "peak") == 29
+    assert least_evicting_peak(problem) == 29
+    found = minimum_budget(problem, time_limit=0.0)
+    assert found.feasible == 29 and found.schedule is not None
+    check_schedule(with_budget(problem, 29), found.schedule)
+
+
+def test_the_lower_bound_is_tried_last_and_once():
+    """A budget that does not fit costs the heuristic most, and the lower bound rarely fits: where the first step down
+    would pass it, the search halves instead of trying it first (with no time left, swin_v2_t's training step spent
+    its work there)."""
+    tried: list[int] = []
+    schedule = Schedule(())
+
+    def fitting(budget: int) -> Schedule | None:
+        tried.append(budget)
+        return schedule if budget >= 950 else None
+
+    assert _least_budget(fitting, 900, 1000) == (950, schedule)
+    assert tried[:2] == [1000, 950] and tried[-1] == 900 and tried.count(900) == 1

@@ -204,11 +204,21 @@ def test_milp_matches_brute_force_and_cbc(problem: Problem, fraction: float):
             assert highs.objective <= baseline.total_cost + 1e-9
 
 
+OUT_OF_INDEX_ORDER = make_problem(
+    7, [(0, 1), (0, 2), (0, 3), (0, 5), (1, 4), (1, 5), (3, 6), (4, 6)], [1] * 7, [1] * 7, [6], [0, 0, 0, 1, 0, 0, 0])
+"""Peaks at 3 only by recomputing 0, 3, 1, 4 in that order before 6 (the eviction heuristic's schedule); in index
+order within each stage, as the brute force and the MILP compute, 1 is held while 3 runs with its workspace: 4."""
+
+
 @FAST
 @given(tiny_problems())
+@example(OUT_OF_INDEX_ORDER)
 def test_minimum_budget_matches_brute_force(problem: Problem):
+    """The minimum found is proven, peaks where it says, and is never above the brute force's over staged schedules
+    (which computes each stage in index order: a heuristic's schedule out of that order may peak lower)."""
     found = minimum_budget(problem)
-    assert found.lower == found.feasible == brute_force(problem, "peak")
+    assert found.lower == found.feasible <= brute_force(problem, "peak")
+    assert found.schedule is None or simulate(problem, found.schedule).peak_bytes[0] == found.feasible
     assert quick_lower_bound(problem) <= found.lower
 
 

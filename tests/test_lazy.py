@@ -20,15 +20,13 @@ from test_solver import (
 
 from onnx_remat.core.errors import InfeasibleBudgetError
 from onnx_remat.core.problem import Problem
-from onnx_remat.core.schedule import Compute, Schedule
+from onnx_remat.core.schedule import Schedule
 from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
 from onnx_remat.passes.solve.baselines import best_baseline, keep_all
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, build_model
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lazy import LazyOutcome, over_budget, solve_lazily
-from onnx_remat.passes.solve.liveness import schedule_from_steps
-from onnx_remat.passes.solve.portfolio import _satisfies
 
 QUICK = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -99,19 +97,3 @@ def test_auto_proves_a_budget_below_the_minimum_infeasible():
     with pytest.raises(InfeasibleBudgetError) as error:
         solve(below, "auto")
     assert error.value.minimum_bytes == minimum
-
-
-def test_a_start_computing_early_is_moved_into_the_late_rows_of_the_stages_not_followed():
-    """Operator 0 computed again in stage 2 and held into stage 3, its reader's: the relaxation's late rows
-    (checkmate_milp._late_rows) want it computed in stage 3 instead, so its start is moved there, at the same cost,
-    within every row; with stage 3 followed, the row is left out and the start keeps stage 2's computation."""
-    problem = make_problem(4, [(0, 1), (1, 2), (2, 3), (0, 3)], [4, 1, 1, 1], [1, 1, 1, 1])
-    early = schedule_from_steps(problem, [Compute(0, 0, 0), Compute(1, 1, 0), Compute(2, 2, 0), Compute(0, 2, 0),
-                                          Compute(3, 3, 0)], {3: 0})
-    assert early.matrices(4, 1).computed[0, 2, 0] and early.matrices(4, 1).held[0, 3, 0]
-    for followed, stage in (((), 3), ((3,), 2)):
-        model = build_model(problem, stages=followed)
-        x = model.assignment(early)
-        assert _satisfies(model.milp, x)
-        assert x[model.r[0, stage, 0]] == 1 and x[model.r[0, 5 - stage, 0]] == 0
-        assert model.milp.cost @ x * model.objective_unit == pytest.approx(check_schedule(problem, early).total_cost)

@@ -124,32 +124,12 @@ class CheckmateModel:
     def assignment(self, schedule: Schedule) -> np.ndarray:
         """The full solution vector of a frontier-advancing schedule (a warm start)."""
         m = schedule.matrices(self.problem.num_ops, self.problem.num_devices)
-        self._move_late(m)
         x = np.zeros(len(self.milp.cost))
         for index, values in ((self.r, m.computed), (self.s, m.held), (self.c, m.copied)):
             x[index[index >= 0]] = values[index >= 0]
         x[self.free_cols] = [self._free_value(m, f) for f in self.frees]
         self._fill_memory(x, m)
         return x
-
-    def _move_late(self, m: Matrices) -> None:
-        """Move each computation that breaks a row of _late_rows into the next stage, as that row's argument does
-        (latest stage first within a stage, so an input's readers have moved before it is looked at): the same
-        cost, and the memory of the stages the rows cover does not grow, so a start stays within them."""
-        if self.problem.num_devices != 1:
-            return
-        computed, held = m.computed[0], m.held[0]
-        successors, predecessors = self.problem.successors, self.problem.predecessors
-        for t in range(self.problem.num_ops - 1):
-            if self.u[0, t + 1, 0] >= 0:  # the next stage is followed: no late rows
-                continue
-            for i in range(t - 1, -1, -1):
-                read = any(computed[t, j] for j in successors[i] if j <= t)
-                if not computed[t, i] or read or not all(held[t + 1, u] for u in predecessors[i]):
-                    continue
-                needed = held[t + 2, i] or any(computed[t + 1, j] for j in successors[i] if j <= t + 1)
-                computed[t + 1, i] |= held[t + 1, i] and needed
-                computed[t, i] = held[t + 1, i] = False
 
     def _free_value(self, m: Matrices, f: FreeVar) -> float:
         """The product of the factors bounding FREE[d,t,i,k] (see the module docstring)."""
@@ -299,7 +279,6 @@ def build_model(
         _objective(problem, b, r, c, cost_unit)
     _stage_rows(problem, b, r, s, c)
     _once_rows(problem, b, r)
-    _late_rows(problem, b, r, s, followed)
     _copy_rows(problem, b, r, s, c)
     _free_rows(problem, b, (r, s, c), frees, free_cols)
     _memory_rows(problem, b, (r, s, c, u, kept, loaded), frees, free_cols, memory_unit, followed)
@@ -387,25 +366,6 @@ def _once_rows(problem: Problem, b: MilpBuilder, r: np.ndarray) -> None:
             b.upper[int(col)] = 0.0
         if problem.num_devices > 1:
             b.row([int(col) for col in r[:, i, i]], [1.0] * problem.num_devices, -math.inf, 1.0)
-
-
-def _late_rows(problem: Problem, b: MilpBuilder, r: np.ndarray, s: np.ndarray, followed: Collection[int]) -> None:
-    """One device, stage t whose next stage is not followed: R[t,i] + the S[t+1,u] of i's inputs u <= their number +
-    the readers of i computed in stage t (i < t). A computation of i nobody reads in its stage, from inputs all held
-    into the next, can be moved there: the same cost, i held across no stage boundary it was not before, its inputs
-    held as before; in the next stage (its knapsack row only, as it is not followed) nothing changes. So some optimum
-    of the relaxation satisfies these rows; they leave the LP bound (84.060 on the peers' unet4_p40) but raise HiGHS's
-    root bound after its cuts (84.82 -> 85.94, docs/measurements.md). A followed stage may hold an input longer after
-    the move, so there they are left out."""
-    if problem.num_devices != 1:
-        return
-    n = problem.num_ops
-    for t in sorted(set(range(n - 1)) - {t - 1 for t in followed}):
-        for i in range(t):
-            inputs = [int(s[0, t + 1, u]) for u in problem.predecessors[i]]
-            readers = [int(r[0, t, j]) for j in problem.successors[i] if j <= t]
-            b.row([int(r[0, t, i]), *inputs, *readers], [1.0] * (1 + len(inputs)) + [-1.0] * len(readers),
-                  -math.inf, float(len(inputs)))
 
 
 def _used_row(problem: Problem, b: MilpBuilder, rsc: tuple[np.ndarray, ...], e: int, t: int, i: int) -> None:

@@ -45,6 +45,9 @@ _NOTIF_BYTES, _RESP_BYTES = 80, 24  # struct seccomp_notif, struct seccomp_notif
 _NOTIF_RECV = (3 << 30) | (_NOTIF_BYTES << 16) | (ord("!") << 8) | 0  # _IOWR('!', 0, struct seccomp_notif)
 _NOTIF_SEND = (3 << 30) | (_RESP_BYTES << 16) | (ord("!") << 8) | 1  # _IOWR('!', 1, struct seccomp_notif_resp)
 _FLAG_CONTINUE = 1
+_M_TRIM_THRESHOLD = -1  # mallopt's parameter number
+_NO_TRIM = 2**30
+_DEFAULT_TRIM_THRESHOLD = 128 * 1024  # glibc's, where MALLOC_TRIM_THRESHOLD_ does not set it
 
 
 class PeakWatch:
@@ -66,13 +69,17 @@ class PeakWatch:
             pass_fds=[theirs.fileno()],
         )
         theirs.close()
-        listener = _install_filter(machine)
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_TRIM_THRESHOLD, _NO_TRIM)  # a heap trim (brk) before the watcher has the listener would wait
+        listener = _install_filter(machine)  # for it forever
+        if listener is not None:
+            socket.send_fds(ours, [b"f"], [listener])
+            os.close(listener)
+        libc.mallopt(_M_TRIM_THRESHOLD, int(os.environ.get("MALLOC_TRIM_THRESHOLD_", _DEFAULT_TRIM_THRESHOLD)))
         if listener is None:
             ours.close()
             watcher.wait()
             return None
-        socket.send_fds(ours, [b"f"], [listener])
-        os.close(listener)
         watch = cls(watcher, ours)
         watch._ask(b"s")
         return watch
@@ -136,6 +143,8 @@ def _watch(pid: int, control: socket.socket) -> None:
     ('s': start again, 'p': the largest reading since) with the largest reading; until the filtered process has
     ended (its calls until then keep being answered, its exit's included)."""
     _, fds, _, _ = socket.recv_fds(control, 1, 1)
+    if not fds:
+        return  # the filter was refused: nothing to watch
     listener = fds[0]
     libc = ctypes.CDLL(None, use_errno=True)
     notification = ctypes.create_string_buffer(_NOTIF_BYTES)

@@ -38,6 +38,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.execution_frame import ORT_VALUE_BYTES, frame_bytes
 from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, held_as_initializer, tensor_infos
@@ -54,10 +55,12 @@ def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: i
     return int(statistics.median(_measure_once(Path(model_path), threads) for _ in range(repeats)))
 
 
-def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
+def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1, per_value: int = ORT_VALUE_BYTES) -> int:
     """What `measure_activation_peak` should see for a model run in file order: the largest sum, over nodes,
-    of live buffers plus the node's workspace (`node_memory`)."""
-    return max((sum(step.live.values()) + step.workspace for step in node_memory(model, threads)), default=0)
+    of live buffers plus the node's workspace (`node_memory`), and the run's execution frame (`per_value` bytes per
+    value of the graph: `execution_frame`)."""
+    tensors = max((sum(step.live.values()) + step.workspace for step in node_memory(model, threads)), default=0)
+    return tensors + frame_bytes(model, per_value)
 
 
 @dataclass(frozen=True)

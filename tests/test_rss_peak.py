@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 import onnx_remat
 from onnx_remat.core.devices import get_devices
 from onnx_remat.passes.execute import random_feeds
+from onnx_remat.passes.execution_frame import ROUNDING_BYTES
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
 
@@ -57,11 +58,11 @@ def exp_chain(nodes: int = 8, shape: tuple[int, int] = (64, 1024)) -> helper.Mod
 
 
 def test_a_small_chain_measures_what_both_predictions_hold():
-    """The run holds the input and two outputs, 260 KiB each: both predictions 798,720 bytes; measured from VmHWM
-    630,784-774,144 (3 fresh processes), by the watch 790,528 in each of 3."""
+    """The run holds the input and two outputs, 260 KiB each: both predictions 798,720 bytes (before the execution
+    frame was counted); measured from VmHWM 630,784-774,144 (3 fresh processes), by the watch 790,528 in each of 3."""
     model = exp_chain()
     result = onnx_remat.remat(model, budget="100%", cost_model="analytic")
     plan = build_plan(result.model, get_devices("cpu"))
     measured = measure_device_peaks(plan, random_feeds(model, seed=0)).peak_bytes[0]
-    assert plan.peak_bytes[0] == result.report.predicted_peak_bytes
+    assert 0 <= result.report.predicted_peak_bytes - plan.peak_bytes[0] <= ROUNDING_BYTES  # the frame's block
     assert measured == pytest.approx(plan.peak_bytes[0], abs=4 * PAGE)

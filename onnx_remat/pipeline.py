@@ -43,6 +43,7 @@ from onnx_remat.passes.cost_profiled import (
     refuse_unallocatable,
 )
 from onnx_remat.passes.execute import random_feeds
+from onnx_remat.passes.execution_frame import bytes_per_value
 from onnx_remat.passes.expand_functions import ExpandFunctions
 from onnx_remat.passes.manager import run_passes, to_proto
 from onnx_remat.passes.model_files import has_external_data, model_files
@@ -379,8 +380,9 @@ def costed_problem(
     costs = {device.name: lambda n, i: node_seconds(n, i, roofline) for device in devices}
     kept = {device.name: kept_per_shared_buffer(device) for device in devices}
     sessions = {device.name: kept_per_session(device, prepared.model.graph, infos) for device in devices}
+    frames = {device.name: bytes_per_value(device) for device in devices}
     graph = build_problem(prepared.model, infos, costs, workspace_bytes, prepared.groups, prepared.roles, kept,
-                          sessions)
+                          sessions, frames)
     analytic = CostedProblem(prepared, tuple(devices), graph, None, Minima(graph.problem, prepared.slowdown))
     if cost_model == "analytic":
         return analytic

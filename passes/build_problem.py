@@ -12,6 +12,10 @@ device's runtime keeps per node writing into its input's buffer after its first 
 passes/runtime_kept.py) makes each operator's kept bytes there; the prelude's load with operator 0, whose device
 the rewrite puts the prelude on. What it keeps per session (`session_kept`) is resident on its device: one session per
 device here, where a rewrite's device runs one segment per stretch of the schedule on it (`run_devices` counts each).
+On one device, a run's execution frame (`execution_frame`: bytes per value of the session's graph, held for the
+whole run) makes each operator's computations keep its nodes' outputs' share, and the resident bytes the share of
+every other value (parameters, inputs, the prelude's outputs) with its block's rounding; on several, where each
+segment's session holds a frame of its own values only while it runs, `run` alone counts it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import onnx_ir as ir
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Loaded, Problem
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
+from onnx_remat.passes.execution_frame import ROUNDING_BYTES
 from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
 from onnx_remat.passes.manager import named
 from onnx_remat.passes.random_ops import draws_random
@@ -56,13 +61,14 @@ def build_problem(
     roles: Sequence[str] = (),
     shared_kept: Mapping[str, int] | None = None,
     session_kept: Mapping[str, int] | None = None,
+    frame_per_value: Mapping[str, int] | None = None,
 ) -> GraphProblem:
     """Operators (node groups in a topological order), edges, sizes and per-device costs of `model`.
 
     Without `groups`, every non-constant node is its own operator, in the model's node order. A group of
     constant nodes only runs up front. `roles[i]` says whether group i is forward or backward. `shared_kept` gives, per
-    device name, the bytes its runtime keeps per node writing into its input's buffer, `session_kept` per session
-    (default: none).
+    device name, the bytes its runtime keeps per node writing into its input's buffer, `session_kept` per session,
+    `frame_per_value` its execution frame's bytes per value of the graph (default: none).
     """
     graph = model.graph
     nodes = {named(node): node for node in graph}
@@ -104,6 +110,10 @@ def build_problem(
     per_node = [(shared_kept or {}).get(device, 0) for device in devices]
     sharing = sharing_nodes(graph, graph_outputs)
     prelude_sharing = sum(nodes[name] in sharing for name in prelude)
+    # several devices run a session per segment, each with the frame of its own values while it runs: not counted
+    per_value = [(frame_per_value or {}).get(device, 0) if len(devices) == 1 else 0 for device in devices]
+    frame_base = [each and each * len(held) + ROUNDING_BYTES for each in per_value]
+    op_values = [len({value.name for node in group for value in node.outputs if value.name}) for group in ops]
     loaded: tuple[Loaded, ...] = ()
     if len(devices) == 1:
         always = sum(resident.values()) + per_node[0] * prelude_sharing
@@ -116,7 +126,8 @@ def build_problem(
         edges=tuple(edges),
         output_bytes=tuple(output_bytes),
         cost=tuple(tuple(sum(cost(n, infos) for n in group) for group in ops) for cost in device_costs.values()),
-        resident_bytes=tuple(always + (session_kept or {}).get(device, 0) for device in devices),
+        resident_bytes=tuple(always + (session_kept or {}).get(device, 0) + frame_base[d]
+                             for d, device in enumerate(devices)),
         budgets=(0,) * len(devices),
         graph_outputs=_held_to_end(graph, exported, group_of),
         devices=devices,
@@ -126,7 +137,9 @@ def build_problem(
         ),
         copy_seconds_per_byte=tuple((0.0,) * len(devices) for _ in devices),
         computed_once=tuple(g for g, group in enumerate(ops) if any(draws_random(node) for node in group)),
-        kept_bytes=tuple(tuple(each * sum(node in sharing for node in group) for group in ops) for each in per_node),
+        kept_bytes=tuple(tuple(each * sum(node in sharing for node in group) + value_bytes * values
+                               for group, values in zip(ops, op_values, strict=True))
+                         for each, value_bytes in zip(per_node, per_value, strict=True)),
         loaded=loaded,
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)

@@ -1,8 +1,9 @@
 """Measure the activation memory of one onnxruntime run, in a fresh process.
 
-The child loads the session (weights), runs once to warm up, resets the high-water mark
-(`5` into /proc/self/clear_refs), runs again and reads VmHWM: the peak above the resident set
-before the run is what the run's live tensors and scratch buffers took. A fresh process per
+The child loads the session (weights), runs once to warm up, runs again and reads the peak of its resident set
+(`rss_peak.PeakWatch`; where seccomp is missing, VmHWM after `5` into /proc/self/clear_refs, which falls short by up
+to 31 pages per CPU): the peak above the resident set before the run is what the run's live tensors and scratch
+buffers took. A fresh process per
 measurement keeps allocator state from earlier runs out of it, and glibc is told to map every
 block of a page (4 KiB) or more on its own when it has to grow (a free chunk of its heap large
 enough still serves first), so a freed tensor leaves the resident set at once (as it does in a
@@ -37,6 +38,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_remat.passes.aliasing import shared_buffers
+from onnx_remat.passes.execution_frame import ORT_VALUE_BYTES, frame_bytes
 from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.shapes import resolve_shapes
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, held_as_initializer, tensor_infos
@@ -53,10 +55,12 @@ def measure_activation_peak(model_path: str | Path, repeats: int = 3, threads: i
     return int(statistics.median(_measure_once(Path(model_path), threads) for _ in range(repeats)))
 
 
-def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1) -> int:
+def predicted_activation_peak(model: onnx.ModelProto, threads: int = 1, per_value: int = ORT_VALUE_BYTES) -> int:
     """What `measure_activation_peak` should see for a model run in file order: the largest sum, over nodes,
-    of live buffers plus the node's workspace (`node_memory`)."""
-    return max((sum(step.live.values()) + step.workspace for step in node_memory(model, threads)), default=0)
+    of live buffers plus the node's workspace (`node_memory`), and the run's execution frame (`per_value` bytes per
+    value of the graph: `execution_frame`)."""
+    tensors = max((sum(step.live.values()) + step.workspace for step in node_memory(model, threads)), default=0)
+    return tensors + frame_bytes(model, per_value)
 
 
 @dataclass(frozen=True)
@@ -126,18 +130,23 @@ def reset_high_water_mark() -> None:
 
 
 def _child(model_path: str, threads: int) -> int:
-    """Warm up, reset the high-water mark, run once more: the peak bytes above the RSS before the run."""
+    """Warm up, then run once more: the peak bytes above the RSS before the run (read exactly by
+    `rss_peak.PeakWatch`, else from the high-water mark)."""
     import onnx
 
     from onnx_remat.passes.execute import ort_session, random_feeds
+    from onnx_remat.passes.rss_peak import PeakWatch
 
     feeds = random_feeds(onnx.load(model_path, load_external_data=False), seed=0)
     session = ort_session(model_path, threads=threads)
     session.run(None, feeds)
+    watch = PeakWatch.install()
     reset_high_water_mark()
     before = status_bytes("VmRSS")
+    if watch is not None:
+        watch.start()
     session.run(None, feeds)
-    return status_bytes("VmHWM") - before
+    return (status_bytes("VmHWM") if watch is None else watch.peak()) - before
 
 
 if __name__ == "__main__":

@@ -5,14 +5,16 @@ a segment runs on one device, so what the process's memory rises by while it run
 (this module run as a script, with `measure.MEASURING_ENV` so that freed tensors leave the resident set at once
 and no telemetry thread of onnxruntime allocates during a step) runs the plan once on throwaway compilations (the
 engines' one-time initialization), compiles every segment again, runs the plan once (the warm-up) and then `runs`
-times watched step by step (`run_devices.Probe`). Around every step it resets the high-water mark (`5` into
-/proc/self/clear_refs) and reads VmRSS; after it VmHWM. A device's measured peak at a step is
+times watched step by step (`run_devices.Probe`). Around every step it reads VmRSS, and the peak of the resident set
+over the step exactly (`rss_peak.PeakWatch`: read before every call that lowers it; where seccomp is missing,
+VmHWM after `5` into /proc/self/clear_refs, which falls short by up to 31 pages per CPU). A device's measured peak at
+a step is
 
     parameter bytes its segments read (`Plan.parameter_bytes`; the engines' own copies of them are not counted)
   + bytes the values the executor holds on the device take (`resident_bytes`: a value glibc mapped on its own takes
     whole pages, its header in the first; one in the main heap its data size)
   + what its runtime kept from the warm-up run (below)
-  + for a segment on the device: VmHWM - VmRSS before it (its outputs, intermediates and scratch)
+  + for a segment on the device: its peak - VmRSS before it (its outputs, intermediates and scratch)
 
 taken as the largest over the steps that touch the device (its segments and the copies into it), the median over the
 watched runs. `with_measured_peaks` measures in one such process, and in more when that one lands near a budget or over
@@ -64,6 +66,7 @@ import onnxruntime as ort
 from onnx_remat.core.devices import Device
 from onnx_remat.core.options import DEFAULT_MEMORY_PROCESSES
 from onnx_remat.passes.measure import MEASURING_ENV, reset_high_water_mark, status_bytes
+from onnx_remat.passes.rss_peak import PeakWatch
 from onnx_remat.passes.run_devices import DeviceRun, Handoff, Key, Plan, Segment, build_plan, compile_plan, run_plan
 from onnx_remat.passes.runtimes import Runtime
 from onnx_remat.passes.sizes import MMAP_THRESHOLD, PAGE_BYTES
@@ -161,13 +164,16 @@ def _address(value: Any) -> int:
 
 
 class _Watch:
-    """A Probe that measures per device: held bytes, the segment's rise above RSS, and what runtimes keep."""
+    """A Probe that measures per device: held bytes, the segment's rise above RSS (its peak read by `peak_watch`,
+    else from VmHWM), and what runtimes keep."""
 
-    def __init__(self, plan: Plan, runtimes: list[Runtime], kept: list[int], learn_kept: bool):
+    def __init__(self, plan: Plan, runtimes: list[Runtime], kept: list[int], learn_kept: bool,
+                 peak_watch: PeakWatch | None):
         self.plan = plan
         self.runtimes = runtimes
         self.kept = kept  # per device: bytes kept by its runtime between runs (added to by the warm-up run)
         self.learn_kept = learn_kept
+        self.peak_watch = peak_watch
         self.peaks = list(plan.parameter_bytes)
         self.rss_before = 0
 
@@ -181,10 +187,13 @@ class _Watch:
     def before(self, index: int, values: dict[Key, Any]) -> None:
         reset_high_water_mark()
         self.rss_before = status_bytes("VmRSS")
+        if self.peak_watch is not None:
+            self.peak_watch.start()
         self.held_before = self.held(values, self._device(index))
 
     def after(self, index: int, values: dict[Key, Any]) -> None:
-        high, now = status_bytes("VmHWM"), status_bytes("VmRSS")
+        high = status_bytes("VmHWM") if self.peak_watch is None else self.peak_watch.peak()
+        now = status_bytes("VmRSS")
         step = self.plan.steps[index]
         device = self._device(index)
         held = self.held(values, device)
@@ -262,12 +271,13 @@ def _child(folder: Path, runs: int) -> dict[str, list[int]]:
         feeds = {name: data[name] for name in data.files}
     run_plan(plan, *compile_plan(plan), feeds)  # on throwaway compilations: the engines' one-time initialization
     runtimes, calls = compile_plan(plan)
+    peak_watch = PeakWatch.install()
     _release_heap_holes()
     kept = [0] * len(devices)
-    run_plan(plan, runtimes, calls, feeds, _Watch(plan, runtimes, kept, learn_kept=True))
+    run_plan(plan, runtimes, calls, feeds, _Watch(plan, runtimes, kept, True, peak_watch))
     peaks = []
     for _ in range(max(runs, 1)):
-        watch = _Watch(plan, runtimes, kept, learn_kept=False)
+        watch = _Watch(plan, runtimes, kept, False, peak_watch)
         run_plan(plan, runtimes, calls, feeds, watch)
         peaks.append(watch.peaks)
     return {

@@ -24,7 +24,8 @@ its segments read or make, the tensors the
 executor holds there (graph inputs and prelude outputs to the end, others from the step producing them to the last
 step reading them, graph outputs to the end), what its runtime keeps for the nodes of its segments that write into
 their input's buffer, after their first run (`runtime_kept`), and while a segment runs what it produces and its
-workspace, by the liveness rule of `measure.predicted_activation_peak`. The runtimes hold nothing else of a segment
+workspace, by the liveness rule of `measure.predicted_activation_peak`, with its session's execution frame
+(`execution_frame`). The runtimes hold nothing else of a segment
 between its calls (`runtimes`: bindings cleared, OpenVINO's request and intermediate memory released), so this is what
 they use.
 """
@@ -46,6 +47,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_remat.core.devices import Device
 from onnx_remat.core.errors import ModelError, UsageError
 from onnx_remat.core.tags import PREFIX, PRELUDE_STEP, node_tags
+from onnx_remat.passes.execution_frame import bytes_per_value
 from onnx_remat.passes.measure import predicted_activation_peak
 from onnx_remat.passes.reads import proto_reads
 from onnx_remat.passes.runtime_kept import kept_per_session, kept_per_shared_buffer, sharing_nodes
@@ -482,7 +484,7 @@ class _Planner:
         model = self._submodel(nodes, reads, outputs, device)
         threads = self.devices[device].threads or 1
         return Segment(device, model, tuple(reads), tuple(outputs), tuple(uploads),
-                       predicted_activation_peak(model, threads))
+                       predicted_activation_peak(model, threads, bytes_per_value(self.devices[device])))
 
     def _submodel(
         self, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str], device: int

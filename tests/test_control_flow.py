@@ -15,6 +15,7 @@ from onnx_remat.core.devices import get_devices
 from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.schedule import Compute, Schedule
 from onnx_remat.passes.execute import run
+from onnx_remat.passes.execution_frame import ORT_VALUE_BYTES, ROUNDING_BYTES, session_values
 from onnx_remat.passes.reads import outer_uses, value_reads
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import build_plan, execute
@@ -85,7 +86,8 @@ def test_the_outer_read_keeps_its_tensor_alive_until_the_if():
     kept = onnx_remat.remat(if_model(), "100%", time_limit=5)
     assert kept.report.predicted_peak_bytes >= 4 * tensor_bytes
     least = onnx_remat.remat(if_model(), "min", time_limit=5)
-    assert least.report.predicted_peak_bytes < 4 * tensor_bytes + 2 * allocated_bytes(4)  # and the branch's sums
+    frame = ORT_VALUE_BYTES * session_values(least.model) + ROUNDING_BYTES  # the report's execution frame, at most
+    assert least.report.predicted_peak_bytes - frame < 4 * tensor_bytes + 2 * allocated_bytes(4)  # the branch's sums
     branch = next(node.name for node in least.model.graph.node if node.op_type == "If")
     recomputed = next(node for node in least.model.graph.node if node.name.startswith("relu__remat"))
     assert outer_reads(least.model) == {branch: [recomputed.output[0], "d"]}

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 
 import onnx_remat
 from onnx_remat.core.devices import get_devices
+from onnx_remat.passes.execution_frame import frame_bytes
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.run_devices import build_plan
 
@@ -38,6 +39,10 @@ def test_measured_peak_of_many_small_nodes_is_within_the_predictions_with_what_t
     measured = statistics.median(measure_device_peaks(plan, feeds).peak_bytes[0] for _ in range(3))
     kept = plan.kept_bytes[0]
     predicted = result.report.predicted_peak_bytes
+    # The execution frame (24 bytes for each of the chain's 2001 values, a 48 KiB block) comes from heap pages the
+    # session's load left resident (traced: a main-heap address), so the measurement sees none of it here.
+    frame = frame_bytes(result.model)
     assert plan.peak_bytes[0] == pytest.approx(predicted, rel=0.01)
-    assert plan.peak_bytes[0] - kept < measured  # without the term, the prediction is below the measurement
-    assert measured == pytest.approx(predicted, rel=0.10)
+    assert plan.peak_bytes[0] - frame - kept < measured  # without the term, the prediction is below the measurement
+    assert measured <= predicted
+    assert measured == pytest.approx(predicted - frame, rel=0.10)

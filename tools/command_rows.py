@@ -4,11 +4,14 @@ tools/real_models_cli.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 COLUMNS = ("rewrite exit", "s", "recomputed nodes", "run predicted", "measured / budget", "verdict", "max diff")
@@ -44,3 +47,12 @@ def row(model: Path, mode: str, time_limit: float, folder: Path, budget: str = "
     spread = f" ({peak[3]})" if peak[3] else ""
     return ["0", f"{seconds:.1f}", str(recomputed), peak[1], f"{peak[2]}{spread} / {peak[4]}", peak[5],
             difference[1] if difference else "-"]
+
+
+@contextlib.contextmanager
+def output_folder(out: Path | None) -> Iterator[Path]:
+    """Where a table's exports and rewrites go: `out`, created if missing, or a temporary folder removed afterwards."""
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = out or Path(temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder

@@ -25,13 +25,12 @@ import contextlib
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from command_rows import ALIGNMENT, HEADER, row
+from command_rows import ALIGNMENT, HEADER, output_folder, row
 from real_model_zoo import import_torchvision
 
 BATCH, TOKENS, VOCAB = 2, 16, 500
@@ -214,9 +213,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| model | exporter | mode | " + HEADER)
     print("| --- | --- | --- |" + ALIGNMENT)
-    with tempfile.TemporaryDirectory() as temporary:
-        folder = args.out or Path(temporary)
-        folder.mkdir(parents=True, exist_ok=True)
+    with output_folder(args.out) as folder:
         for name in args.models.split(",") if args.models else _models():
             for exporter in ("dynamo", "legacy"):
                 path = folder / f"{name}_{exporter}.onnx"

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import tempfile
 from pathlib import Path
 
 import onnx
-from command_rows import ALIGNMENT, HEADER, row
+from command_rows import ALIGNMENT, HEADER, output_folder, row
 from real_model_zoo import EXPORTERS, MORE_ARCHITECTURES, architecture, export
 
 ESCAPE = r"\x1b\[[0-9;]*m"
@@ -48,9 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| model | exporter | opset | mode | budget | " + HEADER)
     print("| --- | --- | --- | --- | --- |" + ALIGNMENT)
-    with tempfile.TemporaryDirectory() as temporary:
-        folder = args.out or Path(temporary)
-        folder.mkdir(parents=True, exist_ok=True)
+    with output_folder(args.out) as folder:
         for name in args.models.split(","):
             for exporter in [e for e in args.exporters.split(",") if e in architecture(name).exporters]:
                 for mode in args.modes.split(","):

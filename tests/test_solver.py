@@ -437,8 +437,9 @@ def test_stated_minimum_is_never_above_what_the_eviction_heuristic_fits():
     heuristic = simulate(graph, evicting).peak_bytes[0]
     segmented = min(simulate(graph, schedule).peak_bytes[0] for schedule in segmentations(graph))
     minimum = minimum_budget(with_budget(graph, keep), time_limit=20)
-    assert minimum.lower <= minimum.feasible <= min(heuristic, segmented)
-    assert solve(with_budget(graph, minimum.feasible), "highs", time_limit=5).schedule is not None
+    assert minimum.lower <= minimum.feasible <= min(heuristic, segmented) and minimum.schedule is not None
+    hints = (minimum.schedule,)  # as the pipeline solves at a found minimum: from the schedule that found it
+    assert solve(with_budget(graph, minimum.feasible), "highs", time_limit=5, hints=hints).schedule is not None
 
 
 def test_ctrl_c_returns_the_best_schedule_so_far():

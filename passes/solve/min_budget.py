@@ -26,6 +26,7 @@ from onnx_remat.passes.solve.baselines import (
     segmented_baselines,
 )
 from onnx_remat.passes.solve.checkmate_milp import CheckmateModel, PeakRange, build_model, build_seconds, too_large
+from onnx_remat.passes.solve.defer import deferred
 from onnx_remat.passes.solve.highs import STREAMED_GRACE, solve_highs
 from onnx_remat.passes.solve.offload import Work, offload
 
@@ -95,21 +96,31 @@ def minimum_budget(problem: Problem, device: int = 0, time_limit: float = 10.0, 
         raise InfeasibleBudgetError(
             f"no schedule found fits the budgets of the other devices ({others}) whatever the budget of "
             f"{problem.devices[device]}: raise them")
-    peak, schedule = min(candidates, key=lambda pair: pair[0])
-    if peak == lower or too_large(problem) or deadline - time.perf_counter() < build_seconds(problem, slowdown):
-        return MinBudget(lower, peak, schedule)
+    peak, schedule = min(candidates, key=lambda pair: pair[0])  # in the MILP's form: its range and warm start
+    least = min((_deferred(problem, device, found) for _, found in candidates), key=lambda pair: pair[0])
+    if least[0] == lower or too_large(problem) or deadline - time.perf_counter() < build_seconds(problem, slowdown):
+        return MinBudget(lower, *least)
     model = build_model(problem, PeakRange(device, lower, peak))
     left = deadline - time.perf_counter()
     if left <= 0:
-        return MinBudget(lower, peak, schedule)
+        return MinBudget(lower, *least)
     outcome = _bounded_highs(model, left, model.assignment(schedule))
-    if outcome.x is not None and _peak(problem, found := model.schedule(outcome.x), device) < peak:
-        peak, schedule = _peak(problem, found, device), found
-    if outcome.status == SolveStatus.OPTIMAL:
-        return MinBudget(peak, peak, schedule)
-    if outcome.bound is not None:
-        lower = max(lower, math.ceil(outcome.bound * model.memory_unit - 0.5))
-    return MinBudget(min(lower, peak), peak, schedule)
+    bound = None if outcome.bound is None else math.ceil(outcome.bound * model.memory_unit - 0.5)
+    if outcome.x is not None:
+        found = model.schedule(outcome.x)
+        if outcome.status == SolveStatus.OPTIMAL:
+            bound = _peak(problem, found, device)
+        least = min(least, _deferred(problem, device, found), key=lambda pair: pair[0])
+    if bound is not None and bound <= least[0]:  # the MILP's bound holds for its form, which deferral leaves
+        lower = max(lower, bound)
+    return MinBudget(min(lower, least[0]), *least)
+
+
+def _deferred(problem: Problem, device: int, schedule: Schedule) -> tuple[int, Schedule]:
+    """`schedule` with graph outputs nobody reads computed again at its end where that lowers its peak (defer.py), and
+    that peak on `device`."""
+    schedule = deferred(problem, schedule)
+    return _peak(problem, schedule, device), schedule
 
 
 def _bounded_highs(model: CheckmateModel, seconds: float, warm_start: np.ndarray) -> MilpOutcome:

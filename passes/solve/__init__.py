@@ -33,6 +33,7 @@ from onnx_remat.passes.solve.baselines import (
     best_baseline,
     best_segmented,
     cheapest_fitting,
+    keep_all,
     on_device,
     placed,
     prune_unread,
@@ -46,6 +47,7 @@ from onnx_remat.passes.solve.checkmate_milp import (
     too_large,
 )
 from onnx_remat.passes.solve.cpsat import solve_cpsat
+from onnx_remat.passes.solve.defer import deferred
 from onnx_remat.passes.solve.highs import solve_highs
 from onnx_remat.passes.solve.lazy import LazyOutcome
 from onnx_remat.passes.solve.lower_bound import BOUND_SECONDS, cut_lower_bound
@@ -357,14 +359,16 @@ def _incumbent(
 def _single_incumbent(
     problem: Problem, hints: Sequence[Schedule] = (), segmented: bool = True, deadline: float | None = None
 ) -> Schedule | None:
-    """The cheapest fitting schedule of the eviction heuristic, the baselines and `hints` on one device, else (if
-    `segmented`) of Chen's segmentations of every length, or past `deadline` the first that fits (unbounded, on moe's
-    training step with roofline costs they took a 2 s limit's solve to 47 s beside two busy loops). Each device alone
-    of a graph too large for the MILP skips these: on EfficientNet-B0's training step (1055 operators, two CPUs at
-    40%) their ~90 lengths took 32 s per device and ended the run 18 s past its 60 s limit, and the offloading pairs'
-    schedules were the answer."""
+    """The cheapest fitting schedule of the eviction heuristic, the baselines and `hints` on one device, else of
+    keep-all with its unread outputs computed last, else (if `segmented`) of Chen's segmentations of every length, or
+    past `deadline` the first that fits (unbounded, on moe's training step with roofline costs they took a 2 s limit's
+    solve to 47 s beside two busy loops). Each device alone of a graph too large for the MILP skips these: on
+    EfficientNet-B0's training step (1055 operators, two CPUs at 40%) their ~90 lengths took 32 s per device and ended
+    the run 18 s past its 60 s limit, and the offloading pairs' schedules were the answer."""
     evicting = offload(problem, 0, max_runs=eviction_runs(problem))
     single = cheapest_fitting(problem, (evicting, best_baseline(problem), *hints))
+    if single is None:  # keep-all with its unread outputs computed last (defer.py): squeezenet1_1's training step
+        single = cheapest_fitting(problem, (deferred(problem, keep_all(problem)),))  # 6.61 MiB where it peaks at 7.96
     if single is None and segmented:
         single = best_segmented(problem, deadline)
     return single

@@ -7,13 +7,17 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_simulate_kept import brute_force_kept
-from test_solver import make_problem, with_budget
+from test_solver import make_problem, tiny_problems, with_budget
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Schedule
-from onnx_remat.passes.simulate import check_schedule
+from onnx_remat.passes.simulate import check_schedule, simulate
 from onnx_remat.passes.solve import solve
+from onnx_remat.passes.solve.baselines import keep_all, prune_unread
+from onnx_remat.passes.solve.defer import deferred
 from onnx_remat.passes.solve.min_budget import _least_budget, _least_evicting, minimum_budget
 from onnx_remat.passes.solve.offload import offload
 
@@ -117,3 +121,19 @@ def test_the_minimum_computes_an_unread_output_last_where_that_lowers_the_peak()
         at_minimum = solve(with_budget(problem, 13), "highs", hints=hints)
         assert check_schedule(with_budget(problem, 13), at_minimum.schedule).peak_bytes[0] <= 13
         assert at_minimum.schedule.recompute_count() == 0  # the first computation of op 2, unread, is dropped
+
+
+@settings(max_examples=25, deadline=None)
+@given(tiny_problems(), st.sets(st.integers(0, 5), max_size=3), st.lists(st.integers(0, 2), min_size=7, max_size=7))
+def test_deferral_replays_and_never_raises_the_peak(graph: Problem, extra: set[int], kept: list[int]):
+    """Keep-all's and the eviction heuristic's schedules, with more graph outputs and kept bytes, and their deferrals:
+    the simulator replays each (and the deferral with its unread first computations pruned, as the solver hands it
+    out) at a peak no higher."""
+    outputs = sorted({*graph.graph_outputs, *(op for op in extra if op < graph.num_ops)})
+    problem = replace(graph, graph_outputs=tuple(outputs), kept_bytes=(tuple(kept[:graph.num_ops]),))
+    for schedule in (keep_all(problem), offload(problem, 0)):
+        assert schedule is not None
+        before = simulate(problem, schedule).peak_bytes[0]
+        later = deferred(problem, schedule)
+        assert simulate(problem, later).peak_bytes[0] <= before
+        assert simulate(problem, prune_unread(problem, later)).peak_bytes[0] <= before

@@ -1,14 +1,20 @@
 """Hugging Face transformers models, as a user has them, through the command line: export, rewrite, run.
 
 Builds tiny random-weight models from `transformers`' own classes: encoders (BERT, DistilBERT, RoBERTa, ALBERT,
-DeBERTa-v2, ELECTRA, with a padding mask; the T5 encoder; FNet, whose token mixing is torch.fft.fftn), decoders (GPT-2,
-Llama and Mistral with grouped-query attention, GPT-NeoX, Phi, Qwen2, Gemma, OPT, BLOOM, Falcon), encoder-decoders
-(BART, Whisper), vision (ViT, CLIP's vision tower, DINOv2, ConvNeXt, Swin, SegFormer, MobileViT) and audio (wav2vec
-2.0); 2 layers or stages, width 64 or less, batch 2, 16 tokens or 32x32 images. It exports each with both PyTorch
-exporters (every dropout probability zero, so outputs compare), then per model and mode runs `onnx-remat M.onnx OUT.onnx
---mode MODE --budget min --time-limit T` and `onnx-remat run OUT.onnx --devices cpu --check --repeats 3`, and prints a
-markdown table: the rewrite's exit code and wall seconds, the nodes recomputed, run's predicted and measured peak
-against the budget, its verdict and the largest difference to the whole model.
+DeBERTa-v2, ELECTRA, MPNet, with a padding mask; the T5 encoder; FNet, whose token mixing is torch.fft.fftn), decoders
+(GPT-2, Llama and Mistral with grouped-query attention, GPT-NeoX, Phi, Qwen2, Gemma, OPT, BLOOM, Falcon; Qwen3,
+Phi-3's fused qkv, Gemma 2 and 3 with logit soft-capping and sliding windows, OLMo 2, StableLM, GPT-BigCode's
+multi-query attention, GPT-J's interleaved rotary), sparse mixtures of experts (Qwen3-MoE, Mixtral: top-k routing, the
+experts gathered per token by transformers' "batched_mm" experts implementation, whose shapes do not depend on the
+routing; its default, grouped_mm, fails in both exporters, the legacy one at its token count, aten::histc),
+state-space and recurrent decoders (Mamba's selective scan and Mamba-2's chunked segment sums, their reference PyTorch
+paths; RWKV), encoder-decoders (BART, Whisper, T5), vision (ViT, CLIP's vision tower, DINOv2, ConvNeXt, Swin, Swin V2,
+SegFormer, MobileViT, PoolFormer, ResNet) and audio (wav2vec 2.0); 2 layers or stages, width 64 or less, batch 2, 16
+tokens or 32x32 images. It exports each with both PyTorch exporters (every dropout probability zero, so outputs
+compare), then per model and mode runs `onnx-remat M.onnx OUT.onnx --mode MODE --budget min --time-limit T` and
+`onnx-remat run OUT.onnx --devices cpu --check --repeats 3`, and prints a markdown table: the rewrite's exit code and
+wall seconds, the nodes recomputed, run's predicted and measured peak against the budget, its verdict and the largest
+difference to the whole model.
 
 `transformers` is a benchmark-only dependency (`pip install transformers`), never one of the package. Decoders get an
 all-ones attention mask beside their tokens, as users export them: without one, transformers 5 looks for packed
@@ -127,6 +133,44 @@ def _models(batch: int = BATCH) -> dict[str, Callable[[], Built]]:
         "dinov2": lambda: build(hf.Dinov2Model, hf.Dinov2Config(**encoder, image_size=32, patch_size=8), images),
         "mobilevit": lambda: build(hf.MobileViTForImageClassification, hf.MobileViTConfig(
             image_size=32, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 160],
+            num_labels=10), images),
+        "qwen3": lambda: build(hf.Qwen3ForCausalLM, hf.Qwen3Config(**decoder, head_dim=16), causal),
+        "qwen3_moe": lambda: build(hf.Qwen3MoeForCausalLM, hf.Qwen3MoeConfig(
+            **decoder, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            experts_implementation="batched_mm"), causal),
+        "mixtral": lambda: build(hf.MixtralForCausalLM, hf.MixtralConfig(
+            **decoder, num_local_experts=4, num_experts_per_tok=2, experts_implementation="batched_mm"), causal),
+        "phi3": lambda: build(hf.Phi3ForCausalLM, hf.Phi3Config(**decoder, pad_token_id=0), causal),
+        "gemma2": lambda: build(hf.Gemma2ForCausalLM, hf.Gemma2Config(
+            **decoder, head_dim=16, sliding_window=8, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+            causal),
+        "gemma3": lambda: build(hf.Gemma3ForCausalLM, hf.Gemma3TextConfig(
+            **decoder, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]), causal),
+        "olmo2": lambda: build(hf.Olmo2ForCausalLM, hf.Olmo2Config(**decoder), causal),
+        "stablelm": lambda: build(hf.StableLmForCausalLM, hf.StableLmConfig(**decoder), causal),
+        "gpt_bigcode": lambda: build(hf.GPTBigCodeForCausalLM, hf.GPTBigCodeConfig(
+            n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=64, multi_query=True), causal),
+        "gptj": lambda: build(hf.GPTJForCausalLM, hf.GPTJConfig(n_layer=2, n_head=4, n_embd=64, rotary_dim=8,
+                                                                vocab_size=VOCAB, n_positions=64), causal),
+        "mamba": lambda: build(hf.MambaForCausalLM, hf.MambaConfig(
+            num_hidden_layers=2, hidden_size=64, state_size=8, vocab_size=VOCAB), tokens),
+        "mamba2": lambda: build(hf.Mamba2ForCausalLM, hf.Mamba2Config(
+            num_hidden_layers=2, hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=1, chunk_size=8,
+            vocab_size=VOCAB), tokens),
+        "rwkv": lambda: build(hf.RwkvForCausalLM, hf.RwkvConfig(
+            num_hidden_layers=2, hidden_size=64, attention_hidden_size=64, intermediate_size=128, vocab_size=VOCAB,
+            context_length=64), tokens),
+        "t5": lambda: build(hf.T5ForConditionalGeneration, hf.T5Config(
+            num_layers=2, num_decoder_layers=2, num_heads=4, d_model=64, d_kv=16, d_ff=128, vocab_size=VOCAB,
+            decoder_start_token_id=0), seq2seq),
+        "mpnet": lambda: build(hf.MPNetModel, hf.MPNetConfig(**text), padded),
+        "poolformer": lambda: build(hf.PoolFormerForImageClassification, hf.PoolFormerConfig(
+            num_encoder_blocks=2, depths=[1, 1], hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2],
+            padding=[2, 1], num_labels=10), images),
+        "hf_resnet": lambda: build(hf.ResNetForImageClassification, hf.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", num_labels=10), images),
+        "swinv2": lambda: build(hf.Swinv2ForImageClassification, hf.Swinv2Config(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
             num_labels=10), images),
     }
 

@@ -16,6 +16,8 @@ On one device, a run's execution frame (`execution_frame`: bytes per value of th
 whole run) makes each operator's computations keep its nodes' outputs' share, and the resident bytes the share of
 every other value (parameters, inputs, the prelude's outputs) with its block's rounding; on several, where each
 segment's session holds a frame of its own values only while it runs, `run` alone counts it.
+On one device an operator's `node_steps` say where its nodes stop reading each input, which onnxruntime frees there
+when the schedule frees it after the operator (the problem holds an operator's inputs until it ends).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_remat.core.opmap import OpMap
-from onnx_remat.core.problem import Loaded, Problem
+from onnx_remat.core.problem import Loaded, NodeSteps, Problem
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.execution_frame import ROUNDING_BYTES
 from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
-from onnx_remat.passes.manager import named
+from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.runtime_kept import sharing_nodes
@@ -141,6 +143,7 @@ def build_problem(
                                for group, values in zip(ops, op_values, strict=True))
                          for each, value_bytes in zip(per_node, per_value, strict=True)),
         loaded=loaded,
+        node_steps=_node_steps(ops, exported, infos, workspace, graph_outputs) if len(devices) == 1 else (),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
@@ -290,6 +293,29 @@ def _buffer_bytes(nodes: list[ir.Node], exported: list[str], infos: dict[str, Te
     owner = shared_buffers(nodes, graph_outputs)
     buffers = {owner.get(name, name) for name in exported} - resident
     return sum(infos[name].allocated_bytes for name in buffers if name in infos)
+
+
+def _node_steps(ops: list[list[ir.Node]], exported: list[list[str]], infos: dict[str, TensorInfo],
+                workspace: NodeWorkspace, graph_outputs: set[str]) -> tuple[NodeSteps, ...]:
+    """Per operator, its nodes' own bytes (`node_profile`) and, for each input operator whose buffers it stops reading
+    before its last node, the last node reading them: onnxruntime frees them there when nothing later reads them. An
+    input whose buffer an exported view or in-place output of the operator shares lives on with that output. None if
+    no operator stops reading an input early."""
+    producer = {value.name: g for g, group in enumerate(ops) for node in group for value in node.outputs if value.name}
+    steps = []
+    for g, (group, outs) in enumerate(zip(ops, exported, strict=True)):
+        owner = shared_buffers(group, graph_outputs)
+        last: dict[int, int] = {}
+        for k, node in enumerate(group):
+            for name in (name_of(value) for value in value_reads(node)):
+                source = producer.get(owner.get(name, name))
+                if source is not None and source != g:
+                    last[source] = k
+        kept = {producer.get(owner[name]) for name in outs if name in owner}
+        reads = tuple(sorted((source, k) for source, k in last.items() if source not in kept and k < len(group) - 1))
+        profile = tuple(node_profile(group, set(outs), infos, workspace, graph_outputs)) if reads else ()
+        steps.append(NodeSteps(profile, reads))
+    return tuple(steps) if any(step.last_reads for step in steps) else ()
 
 
 def _group_workspace(

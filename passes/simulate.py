@@ -5,7 +5,9 @@ read by an operator the schedule computes on it (as `onnx-remat run` loads them 
 keeps for every computation the schedule runs on it (`Problem.kept_bytes`: kept from a computation's first run on, so
 held at every step of the runs after it). `Compute` needs every input on its device
 and its own output absent there; while it runs the device holds its output plus its workspace, after
-it the workspace is released and the output stays. `Free` needs the output present. `Copy` needs it
+it the workspace is released and the output stays; an input the schedule frees after it (nothing on the device reads
+it in between) is held only until the operator's last node reading it (`Problem.node_steps`: onnxruntime frees a
+tensor after its last reader, inside the operator's nodes). `Free` needs the output present. `Copy` needs it
 on the source and absent on the target, then holds it on both. At the end every graph output is held
 on some device and every operator has been computed at least once; an operator the problem computes once
 (`Problem.computed_once`, a random one) is computed exactly once.
@@ -48,6 +50,7 @@ class _Replay:
         self.memory = _held_throughout(problem, events)
         self.peak = list(self.memory)
         self.trace: list[list[int]] = [[] for _ in problem.devices]
+        self.freed_after = _inputs_freed_after(problem, events)
         self.computed: set[int] = set()
         self.once = frozenset(problem.computed_once)
         self.compute_cost = 0.0
@@ -88,7 +91,7 @@ class _Replay:
                 "once (a random operator: another run draws other values): hold or copy its output instead"
             )
         size = self.problem.output_bytes[event.op]
-        running = self.memory[event.device] + size + self.problem.workspace_bytes[event.op]
+        running = self.memory[event.device] + self.problem.running_bytes(event.op, self.freed_after.get(index, ()))
         self.peak[event.device] = max(self.peak[event.device], running)
         self.memory[event.device] += size
         held.add(event.op)
@@ -145,6 +148,28 @@ def _held_throughout(problem: Problem, events: Sequence[Event]) -> list[int]:
             computations[event.device].append(event.op)
     return [problem.resident_with(device, computed) + problem.kept_of(device, computed)
             for device, computed in enumerate(computations)]
+
+
+def _inputs_freed_after(problem: Problem, events: Sequence[Event]) -> dict[int, frozenset[int]]:
+    """Per Compute event (by index) of an operator with node steps, its inputs whose next event on its device is
+    their Free: the schedule frees them after it, so they die at its last node reading them (events out of range
+    count nothing: the replay rejects them)."""
+    if not problem.node_steps:
+        return {}
+    ops, devices = range(problem.num_ops), range(problem.num_devices)
+    freed_next: set[tuple[int, int]] = set()  # (operator, device) whose next event is its Free
+    found: dict[int, frozenset[int]] = {}
+    for index in reversed(range(len(events))):
+        event = events[index]
+        if isinstance(event, Free):
+            freed_next.add((event.op, event.device))
+        elif isinstance(event, Copy):
+            freed_next -= {(event.op, event.source), (event.op, event.target)}
+        elif isinstance(event, Compute) and event.op in ops and event.device in devices:
+            if reads := problem.node_steps[event.op].last_reads:
+                found[index] = frozenset(source for source, _ in reads if (source, event.device) in freed_next)
+            freed_next -= {(op, event.device) for op in (event.op, *problem.predecessors[event.op])}
+    return found
 
 
 def simulate(problem: Problem, schedule: Schedule) -> Simulation:

@@ -23,6 +23,16 @@ class Loaded:
 
 
 @dataclass(frozen=True)
+class NodeSteps:
+    """An operator's nodes as its runtime runs them, one after another: `bytes[k]` its own tensors while node k runs
+    (its outputs written so far, internal tensors while live, the node's scratch), and `last_reads`, (input operator,
+    k) pairs: node k is the last reading that input, which the runtime frees after it when nothing later reads it."""
+
+    bytes: tuple[int, ...] = ()
+    last_reads: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Problem:
     """Operators, edges, per-device costs and budgets.
 
@@ -44,6 +54,9 @@ class Problem:
     - `computed_once`: operators that may be computed only once, on one device (random ones: a second run draws
       other values than the first, so readers of the two would disagree); their output is held, or copied,
       from that computation to its last use.
+    - `node_steps[i]`: operator i node by node (`NodeSteps`), where an input it reads last can be freed before it
+      ends: a computation of i after which the schedule frees that input holds it only until its last reading node.
+      The simulation counts this; the solvers hold every input to the end, an upper bound. Default none known.
     """
 
     op_names: tuple[str, ...]
@@ -60,6 +73,7 @@ class Problem:
     computed_once: tuple[int, ...] = ()
     kept_bytes: tuple[tuple[int, ...], ...] = field(default=())
     loaded: tuple[Loaded, ...] = ()
+    node_steps: tuple[NodeSteps, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
@@ -89,8 +103,41 @@ class Problem:
         for group in self.loaded:
             if len(group.bytes) != d or not group.readers or any(not 0 <= op < n for op in group.readers):
                 raise ValueError(f"loaded group {group} needs bytes per device and readers in 0..{n - 1}")
+        if self.node_steps:
+            self._check_node_steps()
         if any(not 0 <= op < n for op in self.computed_once) or len(set(self.computed_once)) != len(self.computed_once):
             raise ValueError(f"computed_once {self.computed_once} must list distinct operators in 0..{n - 1}")
+
+    def _check_node_steps(self) -> None:
+        """One NodeSteps per operator, each last read naming an input operator and one of its nodes."""
+        if len(self.node_steps) != len(self.op_names):
+            raise ValueError(f"node_steps has {len(self.node_steps)} entries for {len(self.op_names)} operators")
+        inputs: list[set[int]] = [set() for _ in self.op_names]
+        for u, v in self.edges:
+            inputs[v].add(u)
+        for op, steps in enumerate(self.node_steps):
+            for source, node in steps.last_reads:
+                if source not in inputs[op] or not 0 <= node < len(steps.bytes):
+                    raise ValueError(f"operator {op}'s last read ({source}, {node}) needs an input operator and one "
+                                     f"of its {len(steps.bytes)} nodes")
+
+    def running_bytes(self, op: int, freed_inputs: Iterable[int] = ()) -> int:
+        """What a computation of `op` adds to its device's memory while it runs: its output and workspace, less each
+        of `freed_inputs` (input operators freed after it) at the nodes after the last reading it (`node_steps`)."""
+        whole = self.output_bytes[op] + self.workspace_bytes[op]
+        steps = self.node_steps[op] if self.node_steps else NodeSteps()
+        freed = set(freed_inputs)
+        released = [0] * len(steps.bytes)
+        for source, node in steps.last_reads:
+            if source in freed and node + 1 < len(released):
+                released[node + 1] += self.output_bytes[source]
+        if not any(released):
+            return whole
+        gone, most = 0, 0
+        for held, extra in zip(steps.bytes, released, strict=True):
+            gone += extra
+            most = max(most, held - gone)
+        return min(whole, most)
 
     @property
     def num_ops(self) -> int:

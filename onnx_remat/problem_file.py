@@ -27,14 +27,17 @@ Format (version 1), one JSON object; every key is required but `computed_once`, 
   of its output, the transient bytes it needs while it runs, and `kept_bytes[d]`: what device d's runtime keeps for
   each computation of it there, held for the whole run (optional on reading: none); `node_steps`: its nodes one by
   one, the bytes of its own tensors while each runs and, for an input operator it stops reading before its last
-  node, [input, last node reading it]: an input the schedule frees after it is held only until then (optional: none,
-  every input held to its end).
+  node, [input, last node reading it]: replayed as run, an input the schedule frees after it is held only until then
+  (optional: none, every input held to its end).
 - `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
 - `graph_outputs`: operators whose output must still be held on some device when the run ends.
 - `computed_once`: operators that may be computed only once (random ones: Dropout in training, RandomUniformLike...);
   their output is held or copied until its last use. Optional on reading (files written before it: none).
 - `loaded`: tensors (parameters, graph inputs with several devices) that device d holds for the whole run, `bytes[d]`,
   once one of their `readers` (operator indices) is computed there. Optional on reading (none).
+
+A problem's `segment_frame` (several devices) is not written: its bound is in `kept_bytes` and `loaded`, which a
+problem read back replays (as run too) instead of each session's own frame.
 
 Sizes are whole non-negative bytes, times non-negative seconds. A file that breaks any of this is refused on
 reading with a ModelError (exit code 3: an unusable input) naming the field and what to fix.

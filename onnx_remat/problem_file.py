@@ -1,7 +1,7 @@
 """Problem files: the solver's Problem as documented JSON, so results can be reproduced and other solvers compared.
 
 Format (version 1), one JSON object; every key is required but `computed_once`, `loaded` and an operator's
-`kept_bytes`, no other key is allowed:
+`kept_bytes` and `node_steps`, no other key is allowed:
 
     {
       "format": "onnx-remat-problem",
@@ -11,7 +11,7 @@ Format (version 1), one JSON object; every key is required but `computed_once`, 
       "copy_fixed_seconds": [[0.0, 2e-5], [2e-5, 0.0]],
       "operators": [
         {"name": "conv1", "seconds": [0.002, 0.005], "output_bytes": 512, "workspace_bytes": 0,
-         "kept_bytes": [160, 0]}, ...
+         "kept_bytes": [160, 0], "node_steps": {"bytes": [512, 1024, 512], "last_reads": [[0, 1]]}}, ...
       ],
       "edges": [[0, 1], ...],
       "graph_outputs": [7, ...],
@@ -25,13 +25,19 @@ Format (version 1), one JSON object; every key is required but `computed_once`, 
   takes `fixed + per_byte * b` seconds (devices x devices matrices; the fixed part is paid by every hand-off).
 - `operators[i]`, in a topological order: `seconds[d]` to run it on device d (one entry per device), the bytes
   of its output, the transient bytes it needs while it runs, and `kept_bytes[d]`: what device d's runtime keeps for
-  each computation of it there, held for the whole run (optional on reading: none).
+  each computation of it there, held for the whole run (optional on reading: none); `node_steps`: its nodes one by
+  one, the bytes of its own tensors while each runs and, for an input operator it stops reading before its last
+  node, [input, last node reading it]: replayed as run, an input the schedule frees after it is held only until then
+  (optional: none, every input held to its end).
 - `edges`: [u, v] means operator v reads operator u's output; u < v (indices into `operators`).
 - `graph_outputs`: operators whose output must still be held on some device when the run ends.
 - `computed_once`: operators that may be computed only once (random ones: Dropout in training, RandomUniformLike...);
   their output is held or copied until its last use. Optional on reading (files written before it: none).
 - `loaded`: tensors (parameters, graph inputs with several devices) that device d holds for the whole run, `bytes[d]`,
   once one of their `readers` (operator indices) is computed there. Optional on reading (none).
+
+A problem's `segment_frame` (several devices) is not written: its bound is in `kept_bytes` and `loaded`, which a
+problem read back replays (as run too) instead of each session's own frame.
 
 Sizes are whole non-negative bytes, times non-negative seconds. A file that breaks any of this is refused on
 reading with a ModelError (exit code 3: an unusable input) naming the field and what to fix.
@@ -46,7 +52,7 @@ from typing import Any
 
 from onnx_remat.core.errors import ModelError
 from onnx_remat.core.files import write_atomically
-from onnx_remat.core.problem import Loaded, Problem
+from onnx_remat.core.problem import Loaded, NodeSteps, Problem
 
 FORMAT = "onnx-remat-problem"
 VERSION = 1
@@ -57,7 +63,8 @@ _OPTIONAL_TOP_KEYS = ("computed_once", "loaded")
 _LOADED_KEYS = ("bytes", "readers")
 _DEVICE_KEYS = ("name", "resident_bytes", "budget_bytes")
 _OPERATOR_KEYS = ("name", "seconds", "output_bytes", "workspace_bytes")
-_OPTIONAL_OPERATOR_KEYS = ("kept_bytes",)
+_OPTIONAL_OPERATOR_KEYS = ("kept_bytes", "node_steps")
+_NODE_STEPS_KEYS = ("bytes", "last_reads")
 
 
 def problem_to_json(problem: Problem) -> dict[str, Any]:
@@ -78,6 +85,7 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
                 "output_bytes": problem.output_bytes[i],
                 "workspace_bytes": problem.workspace_bytes[i],
                 "kept_bytes": [problem.kept_bytes[d][i] for d in range(problem.num_devices)],
+                **_node_steps_json(problem, i),
             }
             for i in range(problem.num_ops)
         ],
@@ -86,6 +94,14 @@ def problem_to_json(problem: Problem) -> dict[str, Any]:
         "computed_once": list(problem.computed_once),
         "loaded": [{"bytes": list(group.bytes), "readers": list(group.readers)} for group in problem.loaded],
     }
+
+
+def _node_steps_json(problem: Problem, op: int) -> dict[str, Any]:
+    """An operator's "node_steps" entry, if the problem has node steps."""
+    if not problem.node_steps:
+        return {}
+    steps = problem.node_steps[op]
+    return {"node_steps": {"bytes": list(steps.bytes), "last_reads": [list(read) for read in steps.last_reads]}}
 
 
 def write_problem(problem: Problem, path: str | Path) -> None:
@@ -160,6 +176,7 @@ def problem_from_json(data: Any, where: str = "problem") -> Problem:
         computed_once=once,
         kept_bytes=tuple(tuple(row[d] for row in kept) for d in range(count)),
         loaded=_loaded(top, n, count, where),
+        node_steps=_node_steps(operators, edges, where),
     )
 
 
@@ -198,6 +215,35 @@ def _loaded(top: dict[str, Any], n: int, count: int, where: str) -> tuple[Loaded
             raise ModelError(f"{here}.readers is empty: list the operators reading the group")
         groups.append(Loaded(_kept_row(group["bytes"], count, f"{here}.bytes"), readers))
     return tuple(groups)
+
+
+def _node_steps(operators: list[dict[str, Any]], edges: tuple[tuple[int, int], ...],
+                where: str) -> tuple[NodeSteps, ...]:
+    """The operators' optional "node_steps" (none if no operator has any): bytes per node, and [input, node] pairs
+    naming an input operator (an edge into the operator) and one of its nodes."""
+    if not any("node_steps" in op for op in operators):
+        return ()
+    inputs: dict[int, set[int]] = {}
+    for u, v in edges:
+        inputs.setdefault(v, set()).add(u)
+    found = []
+    for i, op in enumerate(operators):
+        here = f"{where}: operators[{i}].node_steps"
+        if "node_steps" not in op:
+            found.append(NodeSteps())
+            continue
+        steps = _object(op["node_steps"], here, _NODE_STEPS_KEYS)
+        sizes = tuple(_bytes(b, f"{here}.bytes[{k}]") for k, b in enumerate(_list(steps, "bytes", here)))
+        reads = []
+        for k, read in enumerate(_list(steps, "last_reads", here)):
+            if (not isinstance(read, list) or len(read) != 2 or any(isinstance(v, bool) or not isinstance(v, int)
+                                                                    for v in read)
+                    or read[0] not in inputs.get(i, set()) or not 0 <= read[1] < len(sizes)):
+                raise ModelError(f"{here}.last_reads[{k}] must be [input operator, node]: an operator with an edge "
+                                 f"into operator {i} and a node index in 0..{len(sizes) - 1}")
+            reads.append((read[0], read[1]))
+        found.append(NodeSteps(sizes, tuple(reads)))
+    return tuple(found)
 
 
 def _list(top: dict[str, Any], key: str, where: str) -> list[Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
-from onnx_remat.passes.simulate import Simulation
+from onnx_remat.passes.simulate import Simulation, simulate
 from onnx_remat.passes.solve import SolveResult
 from onnx_remat.passes.solve.baselines import baselines_of
 from onnx_remat.report import BaselineResult, CopyRecord, DeviceUsage, Recomputation, Report, SolverSummary
@@ -18,8 +18,10 @@ def build_report(
     name: str, mode: str, problem: Problem, minimum_bytes: int | None, result: SolveResult, run_overhead: float = 0.0
 ) -> Report:
     """Summarise a solved problem: memory and time per device, recomputations, copies, solver state, baselines; the
-    predicted times of whole runs include `run_overhead`, the seconds a run costs beyond its operators."""
-    simulation = result.simulation
+    predicted peaks are the schedule replayed as `run` holds memory (`simulate(..., as_run=True)`: at most the
+    solvers'), the predicted times of whole runs include `run_overhead`, the seconds a run costs beyond its
+    operators."""
+    simulation = simulate(problem, result.schedule, as_run=True)
     keep_all_seconds = min(sum(costs) for costs in problem.cost) + run_overhead
     return Report(
         model=name,

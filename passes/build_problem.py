@@ -14,8 +14,13 @@ the rewrite puts the prelude on. What it keeps per session (`session_kept`) is r
 device here, where a rewrite's device runs one segment per stretch of the schedule on it (`run_devices` counts each).
 On one device, a run's execution frame (`execution_frame`: bytes per value of the session's graph, held for the
 whole run) makes each operator's computations keep its nodes' outputs' share, and the resident bytes the share of
-every other value (parameters, inputs, the prelude's outputs) with its block's rounding; on several, where each
-segment's session holds a frame of its own values only while it runs, `run` alone counts it.
+every other value (parameters, inputs, the prelude's outputs) with its block's rounding. On several, each segment's
+session holds a frame of its own values while it runs (`run_devices`): the problem's `segment_frame` gives each
+operator's values (those its nodes read or write), which the simulation counts while a stretch of computations runs,
+and bounds it for the solvers by what holds them all: each operator's computations on a device keep their values'
+share, and the device holds the block's rounding once it computes anything (a `Loaded` group every operator reads).
+On one device an operator's `node_steps` say where its nodes stop reading each input, which onnxruntime frees there
+when the schedule frees it after the operator (the problem holds an operator's inputs until it ends).
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnx_remat.core.opmap import OpMap
-from onnx_remat.core.problem import Loaded, Problem
+from onnx_remat.core.problem import Loaded, NodeSteps, Problem, SegmentFrame
 from onnx_remat.passes.aliasing import shared_buffers, writes_in_place
 from onnx_remat.passes.execution_frame import ROUNDING_BYTES
 from onnx_remat.passes.group_split import NodeWorkspace, node_profile, split_groups
-from onnx_remat.passes.manager import named
+from onnx_remat.passes.manager import name_of, named
 from onnx_remat.passes.random_ops import draws_random
 from onnx_remat.passes.reads import value_reads
 from onnx_remat.passes.runtime_kept import sharing_nodes
@@ -110,10 +115,13 @@ def build_problem(
     per_node = [(shared_kept or {}).get(device, 0) for device in devices]
     sharing = sharing_nodes(graph, graph_outputs)
     prelude_sharing = sum(nodes[name] in sharing for name in prelude)
-    # several devices run a session per segment, each with the frame of its own values while it runs: not counted
-    per_value = [(frame_per_value or {}).get(device, 0) if len(devices) == 1 else 0 for device in devices]
-    frame_base = [each and each * len(held) + ROUNDING_BYTES for each in per_value]
-    op_values = [len({value.name for node in group for value in node.outputs if value.name}) for group in ops]
+    per_value = [(frame_per_value or {}).get(device, 0) for device in devices]
+    if len(devices) == 1:  # one session: the frame of every value, held throughout
+        frame_base = [each and each * len(held) + ROUNDING_BYTES for each in per_value]
+        op_values = [len(_written(group)) for group in ops]
+    else:  # held on a device once it computes something
+        frame_base = [0] * len(devices)
+        op_values = _segment_values(ops, [nodes[name] for name in prelude])
     loaded: tuple[Loaded, ...] = ()
     if len(devices) == 1:
         always = sum(resident.values()) + per_node[0] * prelude_sharing
@@ -121,6 +129,8 @@ def build_problem(
         always = 0
         loaded = _loaded_groups(ops, [nodes[name] for name in prelude], resident,
                                 tuple(each * prelude_sharing for each in per_node))
+        if ops and any(per_value):  # the frame's rounding, once a device runs a segment
+            loaded += (Loaded(tuple(each and ROUNDING_BYTES for each in per_value), tuple(range(len(ops)))),)
     problem = Problem(
         op_names=tuple(_group_name([node for node in group if named(node) not in moved] or group) for group in ops),
         edges=tuple(edges),
@@ -141,6 +151,9 @@ def build_problem(
                                for group, values in zip(ops, op_values, strict=True))
                          for each, value_bytes in zip(per_node, per_value, strict=True)),
         loaded=loaded,
+        node_steps=_node_steps(ops, exported, infos, workspace, graph_outputs) if len(devices) == 1 else (),
+        segment_frame=(SegmentFrame(tuple(zip(devices, per_value, strict=True)), tuple(op_values), ROUNDING_BYTES)
+                       if len(devices) > 1 and any(per_value) else None),
     )
     node_names = tuple(tuple(named(n) for n in group) for group in ops)
     kept_roles = tuple(role for _, role in kept) if roles else ()
@@ -290,6 +303,47 @@ def _buffer_bytes(nodes: list[ir.Node], exported: list[str], infos: dict[str, Te
     owner = shared_buffers(nodes, graph_outputs)
     buffers = {owner.get(name, name) for name in exported} - resident
     return sum(infos[name].allocated_bytes for name in buffers if name in infos)
+
+
+def _written(nodes: list[ir.Node]) -> set[str]:
+    """The names of the values `nodes` write."""
+    return {value.name for node in nodes for value in node.outputs if value.name}
+
+
+def _segment_values(ops: list[list[ir.Node]], prelude: list[ir.Node]) -> list[int]:
+    """Per operator, the values its nodes read or write: what a computation of it adds to the session of the segment
+    it runs in, on several devices (a value several of the segment's operators read counts for each: the safe side);
+    the prelude's with operator 0, whose device the rewrite puts the prelude on, in its first segment there."""
+    def values(nodes: list[ir.Node]) -> set[str]:
+        return _written(nodes) | {name_of(value) for node in nodes for value in value_reads(node)} - {""}
+
+    counts = [len(values(group)) for group in ops]
+    if counts:
+        counts[0] += len(values(prelude) - values(ops[0]))
+    return counts
+
+
+def _node_steps(ops: list[list[ir.Node]], exported: list[list[str]], infos: dict[str, TensorInfo],
+                workspace: NodeWorkspace, graph_outputs: set[str]) -> tuple[NodeSteps, ...]:
+    """Per operator, its nodes' own bytes (`node_profile`) and, for each input operator whose buffers it stops reading
+    before its last node, the last node reading them: onnxruntime frees them there when nothing later reads them. An
+    input whose buffer an exported view or in-place output of the operator shares lives on with that output. None if
+    no operator stops reading an input early."""
+    producer = {value.name: g for g, group in enumerate(ops) for node in group for value in node.outputs if value.name}
+    steps = []
+    for g, (group, outs) in enumerate(zip(ops, exported, strict=True)):
+        owner = shared_buffers(group, graph_outputs)
+        last: dict[int, int] = {}
+        for k, node in enumerate(group):
+            for name in (name_of(value) for value in value_reads(node)):
+                source = producer.get(owner.get(name, name))
+                if source is not None and source != g:
+                    last[source] = k
+        kept = {producer.get(owner[name]) for name in outs if name in owner}
+        reads = tuple(sorted((source, k) for source, k in last.items() if source not in kept and k < len(group) - 1))
+        profile = tuple(node_profile(group, set(outs), infos, workspace, graph_outputs)) if reads else ()
+        steps.append(NodeSteps(profile, reads))
+    return tuple(steps) if any(step.last_reads for step in steps) else ()
 
 
 def _group_workspace(

@@ -1,5 +1,5 @@
 """Shape, element type and byte size of every tensor of a model whose shapes are resolved, and the bytes it takes
-when onnxruntime's CPU allocator holds it."""
+when onnxruntime's CPU allocator holds it (`core.allocation`, free of ONNX for the simulation)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,13 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-PAGE_BYTES = 4096
-MMAP_THRESHOLD = PAGE_BYTES
-"""glibc maps a block this large or larger on its own (the measurement sets it: `measure.MEASURING_ENV`)."""
-ALIGNED_BLOCK_OVERHEAD = 96
-"""Bytes glibc asks for beyond a tensor's data: onnxruntime aligns it to 64 bytes, and an aligned block takes that
-much slack and a minimum chunk (32) more; the data then starts 64 bytes into its first page."""
-DATA_OFFSET = 64
-HEAP_TENSOR_BYTES = 350
-"""Heap bytes a tensor served from glibc's heap takes beyond its data while it lives: its aligned block's slack and
-onnxruntime's Tensor and OrtValue objects. 3000 such tensors live at once in one session (`tools/kept_memory.py
---fan`) grew the heap by 342 bytes each beyond 64 bytes of data, 362 beyond 1 KiB (mallinfo2, one process)."""
+from onnx_remat.core.allocation import ALIGNED_BLOCK_OVERHEAD as ALIGNED_BLOCK_OVERHEAD
+from onnx_remat.core.allocation import DATA_OFFSET as DATA_OFFSET
+from onnx_remat.core.allocation import HEAP_TENSOR_BYTES as HEAP_TENSOR_BYTES
+from onnx_remat.core.allocation import MMAP_THRESHOLD as MMAP_THRESHOLD
+from onnx_remat.core.allocation import PAGE_BYTES as PAGE_BYTES
+from onnx_remat.core.allocation import allocated_bytes
+from onnx_remat.core.allocation import on_heap as on_heap
 
 
 @dataclass(frozen=True)
@@ -52,20 +48,6 @@ def held_as_initializer(node: ir.Node | onnx.NodeProto) -> bool:
     turn into one as the session loads, resident from then on and never allocated by a run (measured: an 8 MiB
     Constant read by an Add raised the run's peak by the Add's output alone, as the same value as an initializer)."""
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-
-
-def on_heap(nbytes: int) -> bool:
-    """Whether onnxruntime's CPU block for `nbytes` of data comes from glibc's heap (else it is mapped on its own)."""
-    return nbytes + ALIGNED_BLOCK_OVERHEAD < MMAP_THRESHOLD
-
-
-def allocated_bytes(nbytes: int) -> int:
-    """Resident bytes of an onnxruntime CPU tensor of `nbytes` (see TensorInfo.allocated_bytes); none if empty."""
-    if nbytes == 0:
-        return 0
-    if on_heap(nbytes):
-        return nbytes + HEAP_TENSOR_BYTES
-    return -(-(nbytes + DATA_OFFSET) // PAGE_BYTES) * PAGE_BYTES
 
 
 def tensor_infos(model: ir.Model | onnx.ModelProto) -> dict[str, TensorInfo]:

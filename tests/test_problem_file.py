@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnx_remat.core.errors import ModelError
-from onnx_remat.core.problem import Loaded, Problem
+from onnx_remat.core.problem import Loaded, NodeSteps, Problem
 from onnx_remat.problem_file import problem_to_json, read_problem, write_problem
 
 
@@ -37,7 +37,16 @@ def problems(draw) -> Problem:
         loaded=tuple(Loaded(tuple(draw(st.lists(st.integers(0, 2**40), min_size=devices, max_size=devices))),
                             tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n)))))
                      for _ in range(draw(st.integers(0, 2 if n else 0)))),
+        node_steps=tuple(draw(node_steps(v, edges)) for v in range(n)) if draw(st.booleans()) else (),
     )  # fmt: skip
+
+
+@st.composite
+def node_steps(draw, op: int, edges: list[tuple[int, int]]) -> NodeSteps:
+    sizes = tuple(draw(st.lists(st.integers(0, 2**30), max_size=4)))
+    inputs = sorted(u for u, v in edges if v == op)
+    reads = tuple((u, draw(st.integers(0, len(sizes) - 1))) for u in inputs if sizes and draw(st.booleans()))
+    return NodeSteps(sizes, reads)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -92,6 +101,9 @@ def broken(change) -> dict:
         (broken(lambda d: d.update(loaded=5)), "'loaded' must be a JSON list"),
         (broken(lambda d: d.update(loaded=[{"bytes": [1, 2], "readers": []}])), r"loaded\[0\].readers is empty"),
         (broken(lambda d: d.update(loaded=[{"bytes": [1], "readers": [0]}])), r"loaded\[0\].bytes must be a list of 2"),
+        (broken(lambda d: d["operators"][1].update(node_steps={"bytes": [1, 2], "last_reads": [[2, 0]]})),
+         r"operators\[1\].node_steps.last_reads\[0\] must be \[input operator, node\]"),
+        (broken(lambda d: d["operators"][1].update(node_steps={"bytes": [1]})), "lacks 'last_reads'"),
         ([1, 2], "must be a JSON object"),
     ],
 )

@@ -20,7 +20,6 @@ from onnx_remat.core.opmap import OpMap
 from onnx_remat.core.problem import Problem
 from onnx_remat.core.schedule import Compute, Copy, Schedule
 from onnx_remat.passes.execute import random_feeds, run
-from onnx_remat.passes.execution_frame import frame_bytes
 from onnx_remat.passes.measure_devices import measure_device_peaks
 from onnx_remat.passes.rewrite import rewrite
 from onnx_remat.passes.run_devices import HOST, Handoff, Segment, build_plan
@@ -347,7 +346,7 @@ def test_each_device_holds_the_parameters_its_operators_read_as_run_predicts(mod
     problem = graph.problem
     final = {op: (op // block) % 2 for op in problem.graph_outputs}
     schedule = schedule_from_steps(problem, alternating(problem, block).events, final)
-    report = simulate(problem, schedule).peak_bytes
+    report = simulate(problem, schedule, as_run=True).peak_bytes
     plan = build_plan(rewrite(prepared.model, graph.opmap, schedule, problem.devices), devices)
     assert plan.peak_bytes == pytest.approx(report, rel=0.01)
     for device in range(2):
@@ -367,14 +366,31 @@ def test_a_device_below_the_parameters_parks_copies():
     budgets = {"ort-cpu": int(alone.lower * 0.95), "ov-cpu": parameters // 3}
     result = onnx_remat.remat(model, budgets, mode="train", devices=TWO_ENGINES, cost_model="analytic",
                               time_limit=PROOF_SECONDS)
-    report = check_schedule(result.problem, result.schedule).peak_bytes
+    report = [usage.peak_bytes for usage in result.report.device_usage]
     assert {c.device for c in result.schedule.computes} == {0}
     assert any(isinstance(event, Copy) and event.target == 1 for event in result.schedule.events)
     ran = onnx_remat.run_on_devices(result.model, TWO_ENGINES, random_feeds(result.model, seed=0), repeats=1)
     assert ran.predicted_peak_bytes["ov-cpu"] == pytest.approx(report[1], rel=0.02)
-    # the report is the safe side there, but for onnxruntime's execution frame, which only run counts on several devices
-    assert ran.predicted_peak_bytes["ort-cpu"] <= report[0] + frame_bytes(result.model)
+    assert ran.predicted_peak_bytes["ort-cpu"] <= report[0]
     assert ran.within_budgets
+
+
+def test_the_report_counts_the_execution_frame_of_the_session_running_at_its_peak():
+    """Each segment's onnxruntime session holds its execution frame (24 bytes a value) while it runs: `run` counted it
+    on several devices and the report did not, so run's prediction on ort-cpu was 518 bytes above the report's for
+    skip_net's training step offloading to ov-cpu. The report counts the frame of the stretch of computations each
+    session runs (at least run's segment, which a copy may end early): at or above run's, and within 1%."""
+    devices = get_devices(TWO_ENGINES)
+    prepared = prepare(skip_net(depth=4, channels=8, size=32), "train")
+    graph = costed_problem(prepared, devices, "analytic")
+    problem = replace(graph.problem, budgets=(graph.problem.keep_all_bytes(0) // 2, graph.problem.keep_all_bytes(1)))
+    schedule = offload(problem, compute=0, store=1)
+    assert schedule is not None
+    report = simulate(problem, schedule, as_run=True).peak_bytes
+    assert report[0] <= check_schedule(problem, schedule).peak_bytes[0]  # the solvers' bound
+    plan = build_plan(rewrite(prepared.model, graph.opmap, schedule, problem.devices), devices)
+    assert plan.peak_bytes[0] <= report[0] <= 1.01 * plan.peak_bytes[0]
+    assert plan.peak_bytes[1] == report[1]
 
 
 def test_an_offloading_schedule_runs_at_the_peak_the_report_predicts_and_within_budget():
@@ -390,7 +406,8 @@ def test_an_offloading_schedule_runs_at_the_peak_the_report_predicts_and_within_
     problem = replace(graph.problem, budgets=(keep // 2, keep))
     schedule = offload(problem, compute=0, store=1)
     assert schedule is not None and any(isinstance(event, Copy) for event in schedule.events)
-    report = check_schedule(problem, schedule).peak_bytes
+    check_schedule(problem, schedule)
+    report = simulate(problem, schedule, as_run=True).peak_bytes
     budgets = dict(zip(problem.devices, problem.budgets, strict=True))
     model = rewrite(prepared.model, graph.opmap, schedule, problem.devices, budgets)
     feeds = random_feeds(prepared.proto, seed=0)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from onnx_remat.core.errors import ScheduleError
-from onnx_remat.core.problem import Problem
+from onnx_remat.core.problem import NodeSteps, Problem
 from onnx_remat.core.schedule import Compute, Copy, Free, Schedule
 from onnx_remat.passes.simulate import check_schedule, simulate
 
@@ -46,6 +48,19 @@ def test_workspace_counts_only_while_running():
     simulation = simulate(chain3(), run(Compute(0, 0), Compute(1, 1), Compute(2, 2)))
     assert simulation.peak_bytes == (1600,)
     assert simulation.memory_trace[0][:2] == (1100, 1300)
+
+
+def test_an_input_freed_after_an_operator_is_held_until_its_last_reading_node():
+    """b's two nodes: the first reads a (100 bytes) and holds 150 of its own, the second 250 (its output and 50 of
+    workspace). Freed after b, a dies after b's first node, so replayed as `run` b's step peaks at 1250; the solvers'
+    model holds a to b's end (1350); where c reads a after b, a lives on and b's step holds all of it."""
+    steps = (NodeSteps(), NodeSteps((150, 250), ((0, 0),)), NodeSteps())
+    problem = replace(chain3(), output_bytes=(100, 200, 1), node_steps=steps)
+    assert simulate(problem, GOOD, as_run=True).peak_bytes == (1250,)
+    assert simulate(problem, GOOD).peak_bytes == (1350,)
+    c_reads_a = replace(problem, edges=((0, 1), (0, 2), (1, 2)))
+    late = run(Compute(0, 0), Compute(1, 1), Compute(2, 2), Free(0, 2), Free(1, 2))
+    assert simulate(c_reads_a, late, as_run=True).peak_bytes == (1350,)
 
 
 def test_recomputation_after_free():

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from onnx_remat.core.allocation import allocated_bytes
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -20,6 +22,39 @@ class Loaded:
 
     bytes: tuple[int, ...]
     readers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NodeSteps:
+    """An operator's nodes as its runtime runs them, one after another: `bytes[k]` its own tensors while node k runs
+    (its outputs written so far, internal tensors while live, the node's scratch), and `last_reads`, (input operator,
+    k) pairs: node k is the last reading that input, which the runtime frees after it when nothing later reads it."""
+
+    bytes: tuple[int, ...] = ()
+    last_reads: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class SegmentFrame:
+    """With several devices, what a runtime session holds beside tensors while it runs (onnxruntime's execution
+    frame, one block of `value_bytes` per value of the session: `allocation.allocated_bytes`), where each stretch of
+    consecutive computations on a device runs as a session of its own: `value_bytes` by device name (a problem
+    restricted to one of its devices keeps it), `values[i]` the values operator i's nodes read or write, and
+    `rounding_bytes` the most the block takes beyond them."""
+
+    value_bytes: tuple[tuple[str, int], ...]
+    values: tuple[int, ...]
+    rounding_bytes: int
+
+    def session_bytes(self, device: str, computations: Iterable[int]) -> int:
+        """The frame of a session on `device` running these computations (operators, one entry each)."""
+        return allocated_bytes(dict(self.value_bytes).get(device, 0) * sum(self.values[op] for op in computations))
+
+    def bound_bytes(self, device: str, computations: Iterable[int]) -> int:
+        """What holds the frame of any session on `device` among these computations (none: no session): the solvers'
+        bound, which `Problem.kept_bytes` and `loaded` hold."""
+        each, ops = dict(self.value_bytes).get(device, 0), list(computations)
+        return self.rounding_bytes + each * sum(self.values[op] for op in ops) if each and ops else 0
 
 
 @dataclass(frozen=True)
@@ -44,6 +79,14 @@ class Problem:
     - `computed_once`: operators that may be computed only once, on one device (random ones: a second run draws
       other values than the first, so readers of the two would disagree); their output is held, or copied,
       from that computation to its last use.
+    - `node_steps[i]`: operator i node by node (`NodeSteps`), where an input it reads last can be freed before it
+      ends: a computation of i after which the schedule frees that input holds it only until its last reading node.
+      The simulation replayed as `run` counts this; the solvers hold every input to the end, an upper bound. Default
+      none known.
+    - `segment_frame`: with several devices, the frame a session holds while it runs (`SegmentFrame`). `kept_bytes`
+      and `loaded` hold a bound of it for the solvers: every computation's values kept on its device to the end and
+      `rounding_bytes` held once the device computes anything (`SegmentFrame.bound_bytes`); the simulation replayed as
+      `run` counts each stretch's own frame while it runs instead. Default none.
     """
 
     op_names: tuple[str, ...]
@@ -60,6 +103,8 @@ class Problem:
     computed_once: tuple[int, ...] = ()
     kept_bytes: tuple[tuple[int, ...], ...] = field(default=())
     loaded: tuple[Loaded, ...] = ()
+    node_steps: tuple[NodeSteps, ...] = ()
+    segment_frame: SegmentFrame | None = None
 
     def __post_init__(self) -> None:
         n = len(self.op_names)
@@ -89,8 +134,43 @@ class Problem:
         for group in self.loaded:
             if len(group.bytes) != d or not group.readers or any(not 0 <= op < n for op in group.readers):
                 raise ValueError(f"loaded group {group} needs bytes per device and readers in 0..{n - 1}")
+        if self.node_steps:
+            self._check_node_steps()
+        if self.segment_frame is not None and len(self.segment_frame.values) != n:
+            raise ValueError(f"segment_frame has values for {len(self.segment_frame.values)} operators, not {n}")
         if any(not 0 <= op < n for op in self.computed_once) or len(set(self.computed_once)) != len(self.computed_once):
             raise ValueError(f"computed_once {self.computed_once} must list distinct operators in 0..{n - 1}")
+
+    def _check_node_steps(self) -> None:
+        """One NodeSteps per operator, each last read naming an input operator and one of its nodes."""
+        if len(self.node_steps) != len(self.op_names):
+            raise ValueError(f"node_steps has {len(self.node_steps)} entries for {len(self.op_names)} operators")
+        inputs: list[set[int]] = [set() for _ in self.op_names]
+        for u, v in self.edges:
+            inputs[v].add(u)
+        for op, steps in enumerate(self.node_steps):
+            for source, node in steps.last_reads:
+                if source not in inputs[op] or not 0 <= node < len(steps.bytes):
+                    raise ValueError(f"operator {op}'s last read ({source}, {node}) needs an input operator and one "
+                                     f"of its {len(steps.bytes)} nodes")
+
+    def running_bytes(self, op: int, freed_inputs: Iterable[int] = ()) -> int:
+        """What a computation of `op` adds to its device's memory while it runs: its output and workspace, less each
+        of `freed_inputs` (input operators freed after it) at the nodes after the last reading it (`node_steps`)."""
+        whole = self.output_bytes[op] + self.workspace_bytes[op]
+        steps = self.node_steps[op] if self.node_steps else NodeSteps()
+        freed = set(freed_inputs)
+        released = [0] * len(steps.bytes)
+        for source, node in steps.last_reads:
+            if source in freed and node + 1 < len(released):
+                released[node + 1] += self.output_bytes[source]
+        if not any(released):
+            return whole
+        gone, most = 0, 0
+        for held, extra in zip(steps.bytes, released, strict=True):
+            gone += extra
+            most = max(most, held - gone)
+        return min(whole, most)
 
     @property
     def num_ops(self) -> int:

@@ -31,8 +31,8 @@ def row(model: Path, mode: str, time_limit: float, folder: Path, budget: str = "
         options: tuple[str, ...] = ()) -> list[str]:
     """The cells of COLUMNS: the rewrite of `model` at `budget` (with further command-line `options`), then
     `run --check` of it; a failing command's last line where its figures would be."""
-    stem = f"{model.stem}.{mode}.{budget.rstrip('%')}"
-    out, report = folder / f"{stem}.onnx", folder / f"{stem}.json"
+    report = report_path(model, mode, budget, folder)
+    out = report.with_suffix(".onnx")
     code, seconds, said = cli(str(model), str(out), "--mode", mode, "--budget", budget, "--time-limit",
                               str(time_limit), "--report", str(report), "--force", "-q", *options)
     if code != 0:
@@ -47,6 +47,11 @@ def row(model: Path, mode: str, time_limit: float, folder: Path, budget: str = "
     spread = f" ({peak[3]})" if peak[3] else ""
     return ["0", f"{seconds:.1f}", str(recomputed), peak[1], f"{peak[2]}{spread} / {peak[4]}", peak[5],
             difference[1] if difference else "-"]
+
+
+def report_path(model: Path, mode: str, budget: str, folder: Path) -> Path:
+    """Where `row` has the rewrite of `model` in `mode` at `budget` write its `--report` (the rewrite beside it)."""
+    return folder / f"{model.stem}.{mode}.{budget.rstrip('%')}.json"
 
 
 @contextlib.contextmanager

@@ -88,8 +88,9 @@ def build_problem(
     # no lone view to attach to its producer).
     joined = _join_constant_groups(list(zip(groups, roles or [""] * len(groups), strict=True)), nodes, constant)
     least = max(1.0, CUT_SHARE * max((info.allocated_bytes for info in infos.values()), default=0))
-    up_front = [names for names, _ in joined
-                if all(n in constant for n in names) and not _lives_as_operator(names, nodes, constant, infos)]
+    all_constant = [names for names, _ in joined if all(n in constant for n in names)]
+    may_run_up_front = {name for names in all_constant for name in names}
+    up_front = [names for names in all_constant if not _lives_as_operator(names, nodes, may_run_up_front, infos)]
     initializers = [name for name, node in nodes.items() if held_as_initializer(node)]
     as_initializers = set(initializers)
     prelude = [*initializers, *(name for names in up_front for name in names if name not in as_initializers)]
@@ -248,15 +249,16 @@ def _attach_views(kept: list[tuple[tuple[str, ...], str]], nodes: dict[str, ir.N
     return [(tuple(names), role) for names, role in merged]
 
 
-def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], constant: set[str],
+def _lives_as_operator(names: tuple[str, ...], nodes: dict[str, ir.Node], may_run_up_front: set[str],
                        infos: dict[str, TensorInfo]) -> bool:
     """Whether a group of constant nodes read by several operators is an operator of its own rather than up front:
     where an output is allocated on its own (not on the heap: sizes.on_heap), which onnxruntime frees after its last
     reader (the MSE loss's seed, an Expand to the output's shape read by both gradients of the square, was resident
-    for the whole run: 0.79 MiB of GPT's training step). Graph outputs, running statistics (updated in place) and what
-    constant nodes read (they may run up front) stay up front."""
+    for the whole run: 0.79 MiB of GPT's training step; a Linear's transposed weight, read by the forward MatMul and
+    by the Transpose back inside its input's gradient, 2.1 MiB of EdgeNeXt's). Graph outputs, running statistics
+    (updated in place) and what constant nodes of groups that may run up front read stay up front."""
     values = [value for name in names for value in nodes[name].outputs if value.name]
-    outside = constant - set(names)
+    outside = may_run_up_front - set(names)
     if any(value.is_graph_output() or any(use.node.op_type == "BatchNormalization" or named(use.node) in outside
                                           for use in value.uses()) for value in values):
         return False

@@ -50,6 +50,14 @@ def node_failures_refused() -> Iterator[None]:
                          ) from exc
 
 
+def adds_unsynchronised(node: onnx.NodeProto) -> bool:
+    """Whether onnxruntime's CPU kernel for `node` adds into shared output rows from several threads unsynchronised:
+    ScatterND with a reduction (1.32) splits its index rows between threads, so two rows naming one slice race and a
+    run can lose an update (microsoft/onnxruntime#18048); two runs of the same session differ."""
+    reduction = next((a.s for a in node.attribute if a.name == "reduction"), b"none")
+    return node.domain in ("", "ai.onnx") and node.op_type == "ScatterND" and reduction != b"none"
+
+
 def session_options(profile: bool = False, threads: int | None = None) -> ort.SessionOptions:
     """File-order execution, no graph rewriting, per-tensor allocation (arena and memory patterns off)."""
     options = ort.SessionOptions()

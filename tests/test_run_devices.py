@@ -436,3 +436,21 @@ def test_check_says_when_the_model_draws_random_values(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "draws random values in 1 node, the first 'drop' (Dropout)" in err
+
+
+def test_check_says_when_onnxruntime_adds_racily(tmp_path, capsys):
+    """A ScatterND that adds runs on onnxruntime threads unsynchronised: `--check` says its difference is not the
+    rewrite's."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("ScatterND", ["h", "rows", "x"], ["y"], name="add_rows", reduction="add")]
+    graph = helper.make_graph(nodes, "scatter", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor("rows", TensorProto.INT64, [64, 1], [0] * 64)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(model, tmp_path / "in.onnx")
+    out = tmp_path / "out.onnx"
+    assert main([str(tmp_path / "in.onnx"), str(out), "--budget", "100%", "-q"]) == 0
+    code = main(["run", str(out), "--devices", "cpu", "--repeats", "1", "--check", "--no-measure-memory"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "adds with ScatterND in 1 node, the first 'add_rows': onnxruntime's CPU kernel adds its rows" in err

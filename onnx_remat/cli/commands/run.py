@@ -91,7 +91,8 @@ def run(args: argparse.Namespace, console: Console) -> None:
         whole = run_whole(model, feeds)
         worst = max(float(np.max(np.abs(got - want), initial=0.0))
                     for got, want in zip(result.outputs.values(), whole, strict=True))
-        console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}{_random_note(model)}",
+        console.print(f"largest difference to the whole model in onnxruntime: {worst:.3g}{_random_note(model)}"
+                      f"{_race_note(model)}",
                       highlight=False, soft_wrap=True)
     if args.outputs:
         buffer = io.BytesIO()
@@ -116,6 +117,20 @@ def _random_note(model: onnx.ModelProto) -> str:
     count = f"{len(drawing)} nodes" if len(drawing) > 1 else "1 node"
     return (f" (the model draws random values in {count}, the first {first.name!r} ({first.op_type}): "
             "two runs differ whatever the rewrite, so this difference says nothing of it)")
+
+
+def _race_note(model: onnx.ModelProto) -> str:
+    """Why a model's outputs may differ from its whole run's where onnxruntime runs a node racily (ScatterND adding)."""
+    from onnx_remat.passes.execute import adds_unsynchronised
+
+    racing = [node for node in model.graph.node if adds_unsynchronised(node)]
+    if not racing:
+        return ""
+    first = racing[0]
+    count = f"{len(racing)} nodes" if len(racing) > 1 else "1 node"
+    return (f" (the model adds with ScatterND in {count}, the first {first.name!r}: onnxruntime's CPU kernel adds its "
+            "rows on several threads unsynchronised and can lose an update where two rows name one slice "
+            "(microsoft/onnxruntime#18048), so two runs can differ whatever the rewrite)")
 
 
 def _read_feeds(path: str) -> dict[str, np.ndarray]:

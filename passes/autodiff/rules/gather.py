@@ -1,8 +1,15 @@
 """Gradients of indexing ops: the output gradient scattered back with repeated indices accumulated (reduction="add",
-opset 16: training_form converts an older model up), or gathered from where a scatter wrote."""
+opset 16: training_form converts an older model up), or gathered from where a scatter wrote.
+
+The accumulation is a one-hot MatMul or ScatterElements (`_add_rows`), never ScatterND: onnxruntime's CPU ScatterND
+(1.32) runs its index rows on several threads without synchronisation, so with reduction="add" two threads adding to a
+row picked twice lose one addition (microsoft/onnxruntime#18048; a Mixtral training step's expert gradients differed
+from run to run, by whole updates), where its ScatterElements splits the work by output position and adds each
+position's updates in index order, and its MatMul gives the same numbers on any thread count."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,6 +19,10 @@ from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_int, attr_str, present
 
+ONE_HOT_ROWS = 64
+"""Up to this many rows, a gradient's rows are summed by a one-hot MatMul rather than ScatterElements (`_add_rows`):
+4 rows of 8192 values from 1024 updates took 9.4 ms against 282 ms on one thread, 5000 rows of 256 from 4096 updates
+288 ms against 34 ms (onnxruntime 1.32, tools/bench_scatter_add.py): ScatterElements costs some 33 ns an element."""
 Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
 def _wrapped(e: Emitter, indices: ir.Value, size: int) -> ir.Value:
@@ -21,8 +32,8 @@ def _wrapped(e: Emitter, indices: ir.Value, size: int) -> ir.Value:
 
 
 def gather(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """Scatter-add dy into zeros shaped like the data: with the gathered axis moved to the front, ScatterND adds
-    each index's slice of dy, so an embedding row picked twice gets both gradients."""
+    """Scatter-add dy into zeros shaped like the data: with the gathered axis moved to the front, each index's slice
+    of dy is added to its row, so an embedding row picked twice gets both gradients."""
     data, indices = (present(v) for v in node.inputs[:2])
     shape, index_shape = e.info.shape(data), e.info.shape(indices)
     axis = attr_int(node, "axis", 0) % len(shape)
@@ -32,8 +43,7 @@ def gather(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.
     outer = [a for a in range(len(shape) - 1 + rank_i) if a not in index_axes]
     dy = e.transpose(dys[0], index_axes + outer)
     front = [shape[axis], *shape[:axis], *shape[axis + 1:]]
-    positions = e.op("Unsqueeze", _wrapped(e, indices, shape[axis]), e.ints([rank_i]))
-    summed = e.op("ScatterND", e.zeros(front), positions, dy, reduction="add")
+    summed = _add_rows(e, _wrapped(e, indices, shape[axis]), math.prod(index_shape), dy, front)
     back = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(shape)))
     return {0: e.transpose(summed, back)}
 
@@ -62,12 +72,34 @@ def _require_no_batch_dims(node: ir.Node) -> None:
 
 
 def gather_nd(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
-    """ScatterND with reduction="add" of dy into zeros shaped like the data: a slice picked twice gets both."""
+    """dy added into zeros shaped like the data at the slices the index tuples name: a slice picked twice gets both.
+    Each tuple of depth k becomes the row of the data with its first k axes flattened into one."""
     _require_no_batch_dims(node)
     data, indices = (present(v) for v in node.inputs[:2])
     shape = e.info.shape(data)
-    positions = _wrapped_nd(e, indices, shape)
-    return {0: e.op("ScatterND", e.zeros(shape), positions, dys[0], reduction="add")}
+    *tuples, depth = e.info.shape(indices)
+    strides = [math.prod(shape[axis + 1:depth]) for axis in range(depth)]
+    offsets = e.op("Mul", _wrapped_nd(e, indices, shape), e.const(np.asarray(strides, dtype=e.info.np_dtype(indices))))
+    rows = e.reduce_sum(offsets, [-1], keepdims=False)
+    summed = _add_rows(e, rows, math.prod(tuples), dys[0], [math.prod(shape[:depth]), *shape[depth:]])
+    return {0: e.reshape(summed, shape)}
+
+
+def _add_rows(e: Emitter, rows: ir.Value, count: int, updates: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """Zeros of `shape` with each slice of `updates` (shaped `rows`' shape + shape[1:]) added to the row along axis 0
+    that its entry of `rows` (`count` entries) names, both flattened to two dimensions: for a few rows (experts,
+    a short axis) a one-hot matrix times the updates, else ScatterElements with reduction="add", its indices each row
+    broadcast across the slice (int32: half of int64's bytes, and a row count fits)."""
+    width = math.prod(shape[1:])
+    flat = e.reshape(updates, [count, width])
+    rows = e.op("Cast", rows, to=ir.DataType.INT32)
+    if shape[0] <= ONE_HOT_ROWS:
+        every_row = e.const(np.arange(shape[0], dtype=np.int32).reshape(-1, 1))
+        one_hot = e.op("Equal", every_row, e.reshape(rows, [1, count]))
+        return e.reshape(e.op("MatMul", e.op("Cast", one_hot, to=ir.DataType.from_numpy(e.dtype)), flat), shape)
+    positions = e.op("Expand", e.reshape(rows, [count, 1]), e.ints([count, width]))
+    summed = e.op("ScatterElements", e.zeros([shape[0], width]), positions, flat, axis=0, reduction="add")
+    return e.reshape(summed, shape)
 
 
 def scatter_nd(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:

@@ -494,6 +494,41 @@ def _aspp_head() -> nn.Module:
                          nn.Hardsigmoid())
 
 
+class LevitAttention(nn.Module):
+    """LeViT's attention in small: a strided convolution to 3x3 tokens, BatchNorm, HardSwish; queries, keys and values
+    from one linear layer with BatchNorm1d over the flattened tokens; scores scaled by `key_dim ** -0.5` (a Python
+    float the exported file holds in float32) plus per-head biases gathered by a 2-D index buffer of relative offsets
+    (repeated indices); HardSwish, a projection with BatchNorm1d, mean over tokens, BatchNorm1d over the 2 images."""
+
+    def __init__(self, channels: int = 8, heads: int = 2, key_dim: int = 8) -> None:
+        super().__init__()
+        self.heads, self.key_dim, self.scale = heads, key_dim, key_dim ** -0.5
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels),
+                                  nn.Hardswish())
+        self.qkv = nn.Linear(channels, heads * 3 * key_dim, bias=False)
+        self.qkv_norm = nn.BatchNorm1d(heads * 3 * key_dim)
+        points = [(x, y) for x in range(3) for y in range(3)]
+        offsets = sorted({(abs(a[0] - b[0]), abs(a[1] - b[1])) for a in points for b in points})
+        self.attention_biases = nn.Parameter(torch.zeros(heads, len(offsets)))
+        self.register_buffer("attention_bias_idxs", torch.tensor(
+            [[offsets.index((abs(a[0] - b[0]), abs(a[1] - b[1]))) for b in points] for a in points]),
+            persistent=False)
+        self.act = nn.Hardswish()
+        self.proj = nn.Linear(heads * key_dim, channels, bias=False)
+        self.proj_norm = nn.BatchNorm1d(channels)
+        self.head = nn.Sequential(nn.BatchNorm1d(channels), nn.Linear(channels, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.stem(x).flatten(2).transpose(1, 2)
+        batch, count, _ = tokens.shape
+        qkv = self.qkv_norm(self.qkv(tokens).flatten(0, 1)).reshape(batch, count, self.heads, 3, self.key_dim)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4)
+        scores = q @ k.transpose(-2, -1) * self.scale + self.attention_biases[:, self.attention_bias_idxs]
+        mixed = self.act((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, count, -1))
+        projected = self.proj_norm(self.proj(mixed).flatten(0, 1)).reshape(batch, count, -1)
+        return self.head(projected.mean(1))
+
+
 class GridSampler(nn.Module):
     """A convolution, then bilinear sampling at a learned grid (a spatial transformer's sampler), a linear head."""
 
@@ -924,6 +959,7 @@ OP_ARCHITECTURES: dict[str, Architecture] = {
     "op_scan": Architecture(_op(_scanned), _features, loss="mse", exporters=DYNAMO_ONLY),
     "op_scripted_loop": Architecture(ScriptedLoop, _features, loss="mse"),  # the dynamo exporter unrolls it itself
     "op_aspp": Architecture(_aspp_head, _tiny_image, loss="mse"),
+    "op_levit_attention": Architecture(LevitAttention, _tiny_image, loss="mse"),
     "op_cond": Architecture(Conditional, _features, loss="mse", exporters=DYNAMO_ONLY),
 }
 """One small module per op the gradient rules of issue 12 cover, for `tools/real_models.py --ops`: which exporter

@@ -188,18 +188,26 @@ class ExportedHardswish(nn.Module):
         return x * torch.clamp(x * FLOAT32_SIXTH + 0.5, 0.0, 1.0)
 
 
+EXPORTED_FLOAT_ATTRIBUTES = ("eps", "scale")
+"""Module attributes that hold a Python float the forward uses as a constant, which the exported file holds in
+float32: normalizations' `eps` (BatchNorm's 1e-3, LayerNorm's 1e-5) and attentions' `scale` (LeViT's, timm's ViT's
+`head_dim ** -0.5`)."""
+
+
 def with_exported_constants(module: nn.Module) -> nn.Module:
     """`module`, changed in place to compute with the float32 constants its exported file holds: every module's
-    float `eps` (BatchNorm's 1e-3, LayerNorm's 1e-5) rounded to float32, nn.Hardsigmoid and nn.Hardswish with
-    slope FLOAT32_SIXTH. In float64 the exported model is this function, not the module's: through an
-    ill-conditioned network (BatchNorm over 2 values) the 3e-8 difference grows to 4e-6 in the gradients."""
+    float attribute in EXPORTED_FLOAT_ATTRIBUTES rounded to float32, nn.Hardsigmoid and nn.Hardswish with slope
+    FLOAT32_SIXTH. In float64 the exported model is this function, not the module's: through an ill-conditioned
+    network (BatchNorm over 2 values) the 3e-8 difference grows to 4e-6 in the gradients (DeepLabV3's eps and 1/6,
+    LeViT's attention scale 8 ** -0.5: 1.6e-6)."""
     exported = {nn.Hardsigmoid: ExportedHardsigmoid, nn.Hardswish: ExportedHardswish}
     for parent in list(module.modules()):
         for key, child in list(parent.named_children()):
             if type(child) in exported:
                 setattr(parent, key, exported[type(child)]())
-        if isinstance(getattr(parent, "eps", None), float):
-            parent.eps = float(np.float32(parent.eps))
+        for name in EXPORTED_FLOAT_ATTRIBUTES:
+            if isinstance(getattr(parent, name, None), float):
+                setattr(parent, name, float(np.float32(getattr(parent, name))))
     return module
 
 

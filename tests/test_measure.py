@@ -134,7 +134,7 @@ def _einsums(equations: list[str], shapes: dict[str, list[int]]) -> onnx.ModelPr
 
 
 MAMBA2 = {"bclhn": [32, 2, 8, 8, 16], "bcshn": [32, 2, 8, 8, 16], "bchpn": [32, 2, 8, 16, 16],
-          "bclhp": [32, 2, 8, 8, 16], "bzch": [32, 3, 3, 8], "bzhpn": [32, 3, 8, 16, 16]}
+          "bclhp": [32, 2, 8, 8, 16], "bzch": [32, 3, 2, 8], "bzhpn": [32, 3, 8, 16, 16]}
 """Mamba-2's chunked scan at batch 32 (tools/hf_models.py): chunks of 8 tokens, 8 heads of 16, state 16."""
 
 

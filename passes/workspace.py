@@ -12,9 +12,15 @@ the kernel touches (resident pages), not what it allocates:
 - Where: the X picks and the Y picks, then merged into the output: each the broadcast of the condition with its
   operand, so two output-sized temporaries with a full condition or two full operands (measured 3x the output), one
   for a broadcast condition and a scalar operand (a masked fill: measured 1.95x, and 2.95x with a full condition).
-- Einsum: two output-sized temporaries (the batched product before the result is reordered into the output):
-  measured 2.0x the output beside it for `bhqd,bhkd->bhqk`, `bhqk,bhkd->bhqd` (the attention forms exporters
-  write), `ij,jk->ik` and `bij,bjk->bik`; `bqhd,bkhd->bhqk`, which transposes an input too, measured 2.5x.
+- Einsum (einsum_compute_preprocessor, einsum_typed_compute_processor): letters ordered by first appearance; an
+  operand not in that order is transposed into it; letters only one operand has, and no later operand or the output,
+  are summed away first (ReduceSum); each pair then multiplies through a batched MatMul: the left operand transposed
+  to (kept shared, left-only, summed) when it is not already, the right operand always copied (transposed to (kept
+  shared, summed, right-only) or as it is), the product a temporary of its own, transposed once more when its order
+  differs from the output's (or, before the last pair, from the letter order), then copied into the output. Each is a
+  tensor of its own, all held until the node ends: measured within 0.3-3% for two operands (Mamba-2's chunked scan,
+  attention forms, `ij,jk->ik` with either operand transposed or the output transposed). Three operands measured
+  55% of this sum (`ij,jk,kl->il`: the first pair's copies are freed before the second): an overestimate.
 - ScatterElements: its indices copied to an int64 vector: measured 4 MiB beside the output for 512 Ki indices.
 - LSTM, GRU (DeepCPU kernels): every step's gate pre-activations (4 or 3 x hidden per row and step), a few
   row x hidden state buffers and the sequence lengths per direction; a reverse direction also copies its input and
@@ -30,24 +36,31 @@ the kernel touches (resident pages), not what it allocates:
   prediction of a model read as written (measure.predicted_activation_peak: tools/measure_memory.py, `run`).
 - If: the tensors its larger branch computes, each while it is live in the branch (passes/branch_memory.py); a
   training step's backward If recomputes its branch inside.
-- MatMul, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none measured
-  (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
+- MatMul with batch dimensions: per GEMM of the batch, onnxruntime's MatMulComputeHelper keeps the offsets of A, B and
+  the output (three vectors of size_t) and hands MLAS one MLAS_SGEMM_DATA_PARAMS (64 bytes): 88 bytes per GEMM, measured
+  80-90 beside the output for 1024-8192 matrix-vector products (Mixtral's experts gathered per token: 1024).
+- MatMul without batch dimensions, Gemm (constant or activation B), pooling, reductions, other element-wise ops: none
+  measured (packing panels live on the stack; constant weights are prepacked at load time and count as resident).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
 
 from onnx_remat.passes.branch_memory import if_branch_bytes
+from onnx_remat.passes.einsum_terms import explicit_terms
 from onnx_remat.passes.manager import name_of
 from onnx_remat.passes.sizes import TensorInfo, allocated_bytes
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 8  # int64
 INT32_BYTES = 4
+SGEMM_PARAMS_BYTES = 64  # sizeof(MLAS_SGEMM_DATA_PARAMS): pointers and leading dimensions of A, B, C, alpha, beta
+OFFSET_BYTES = 8  # size_t: one offset into A, B or the output per GEMM of a batched MatMul
 PANEL_FLOATS = 128 * 128  # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK: a thread's GEMM panel
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiply-adds worth one more thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
@@ -72,7 +85,9 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
     if node.op_type == "Where":
         return _where_picks_bytes(node, infos)
     if node.op_type == "Einsum":
-        return 2 * infos[name_of(node.outputs[0])].allocated_bytes
+        return _einsum_bytes(node, infos)
+    if node.op_type == "MatMul":
+        return _matmul_batch_bytes(infos[name_of(node.outputs[0])])
     if node.op_type == "ScatterElements":
         return INDEX_BYTES * math.prod(infos[name_of(node.inputs[1])].shape)
     if node.op_type in VARIADIC_OPS and len([value for value in node.inputs if value is not None]) >= 3:
@@ -84,6 +99,60 @@ def workspace_bytes(node: ir.Node, infos: dict[str, TensorInfo], threads: int = 
     if node.op_type == "If":
         return if_branch_bytes(node, infos)
     return 0
+
+
+def _matmul_batch_bytes(output: TensorInfo) -> int:
+    """Bytes of a batched MatMul's per-GEMM vectors: the offsets of A, B and the output, the GEMM parameters for MLAS
+    (none without a batch)."""
+    gemms = math.prod(output.shape[:-2])
+    if gemms <= 1:
+        return 0
+    return allocated_bytes(SGEMM_PARAMS_BYTES * gemms) + 3 * allocated_bytes(OFFSET_BYTES * gemms)
+
+
+def _einsum_bytes(node: ir.Node, infos: dict[str, TensorInfo]) -> int:
+    """Bytes of the tensors onnxruntime's Einsum makes on the way (module docstring), each on its own pages."""
+    if any(name_of(value) not in infos for value in node.inputs):
+        return 0
+    operands = [infos[name_of(value)] for value in node.inputs]
+    output = infos[name_of(node.outputs[0])]
+    terms, out = explicit_terms(node.attributes.get_string("equation", ""), [len(info.shape) for info in operands])
+    sizes = {letter: size for term, info in zip(terms, operands, strict=True)
+             for letter, size in zip(term, info.shape, strict=True)}
+    order = "".join(dict.fromkeys("".join(terms)))
+
+    def tensor(letters: str) -> int:
+        return TensorInfo(tuple(sizes[letter] for letter in letters), output.elem_type).allocated_bytes
+
+    def ordered(letters: set[str] | str) -> str:
+        return "".join(letter for letter in order if letter in letters)
+
+    temporaries = [tensor(term) for term in terms if term != ordered(term)]
+    result = _einsum_summed(ordered(terms[0]), set(out).union(*terms[1:]), tensor, temporaries)
+    for index, term in enumerate(terms[1:], start=1):
+        needed = set(out).union(*terms[index + 1:])
+        right = _einsum_summed(ordered(term), needed | set(result), tensor, temporaries)
+        kept = ordered(set(result) & set(right) & needed)
+        summed = ordered((set(result) & set(right)) - needed)
+        left_only, right_only = ordered(set(result) - set(right)), ordered(set(right) - set(result))
+        temporaries += [tensor(result)] * (result != kept + left_only + summed) + [tensor(right)]
+        result = kept + left_only + right_only
+        temporaries.append(tensor(result))
+        target = out if index == len(terms) - 1 else ordered(result)
+        if result != target:
+            temporaries.append(tensor(result))
+            result = target
+    if len(terms) == 1 and result != out:
+        temporaries.append(output.allocated_bytes)
+    return sum(temporaries)
+
+
+def _einsum_summed(letters: str, needed: set[str], tensor: Callable[[str], int], temporaries: list[int]) -> str:
+    """An Einsum operand's letters after the ReduceSum over those nothing after it reads (its temporary appended)."""
+    kept = "".join(letter for letter in letters if letter in needed)
+    if kept != letters:
+        temporaries.append(tensor(kept))
+    return kept
 
 
 def _recurrent_bytes(node: ir.Node, infos: dict[str, TensorInfo]) -> int:

@@ -8,7 +8,6 @@ its gradient does not depend on it, so the result is broadcast back along it.
 
 from __future__ import annotations
 
-import string
 from collections.abc import Sequence
 
 import onnx_ir as ir
@@ -16,16 +15,16 @@ import onnx_ir as ir
 from onnx_remat.core.errors import ModelError
 from onnx_remat.passes.autodiff.emitter import Emitter
 from onnx_remat.passes.autodiff.graph_info import attr_str
+from onnx_remat.passes.einsum_terms import explicit_terms
 
 Grads = Sequence[ir.Value]
 Needs = Sequence[bool]
-ELLIPSIS = "..."
 
 
 def einsum(e: Emitter, node: ir.Node, dys: Grads, needs: Needs) -> dict[int, ir.Value]:
     """dX_i = Einsum(out, s_j... -> s_i)(dY, X_j...), broadcast along the letters only X_i has."""
     shapes = [tuple(e.info.shape(value)) for value in node.inputs]
-    terms, out = _explicit_terms(attr_str(node, "equation"), [len(s) for s in shapes])
+    terms, out = explicit_terms(attr_str(node, "equation"), [len(s) for s in shapes])
     _refuse_unsupported(node, terms, shapes)
     grads = {}
     for i, term in enumerate(terms):
@@ -53,24 +52,6 @@ def _product(e: Emitter, dy: ir.Value, out: str, others: list[tuple[str, ir.Valu
         return dy
     equation = ",".join(t for t, _ in others) + "->" + kept
     return e.op("Mul", e.op("Einsum", *(value for _, value in others), equation=equation), dy)
-
-
-def _explicit_terms(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
-    """Each operand's letters and the output's, with `...` spelled out as letters (right-aligned across operands,
-    as broadcasting aligns them) and an implicit output made explicit (letters seen once, in order)."""
-    equation = equation.replace(" ", "")
-    lhs, arrow, rhs = equation.partition("->")
-    terms = lhs.split(",")
-    unused = [c for c in string.ascii_letters if c not in equation]
-    widest = max((rank - len(t.replace(ELLIPSIS, "")) for t, rank in zip(terms, ranks, strict=True)
-                  if ELLIPSIS in t), default=0)
-    spelled = "".join(unused[:widest])
-    terms = [t.replace(ELLIPSIS, spelled[widest - (rank - len(t.replace(ELLIPSIS, ""))):])
-             for t, rank in zip(terms, ranks, strict=True)]
-    if not arrow:
-        letters = "".join(terms)
-        rhs = spelled + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in spelled))
-    return terms, rhs.replace(ELLIPSIS, spelled)
 
 
 def _refuse_unsupported(node: ir.Node, terms: list[str], shapes: list[tuple[int, ...]]) -> None:

@@ -85,9 +85,10 @@ def test_every_backend_computes_them_once_at_the_brute_force_optimum(problem: Pr
 @given(once_problems(), st.floats(0.0, 1.0))
 def test_heuristics_never_recompute_them_and_the_bounds_stay_bounds(problem: Problem, fraction: float):
     """Baselines, Chen's segments and the eviction heuristic pass the simulator (which refuses a second computation);
-    the minimum budget is the brute force's, above the quick bound; the cut bound stays below the optimum."""
+    the minimum budget is at most the brute force's (defer.py's outputs computed last may beat it), above the quick
+    bound; the cut bound stays below the optimum."""
     minimum = minimum_budget(problem)
-    assert minimum.lower == minimum.feasible == brute_force(problem, "peak")
+    assert minimum.lower <= minimum.feasible <= brute_force(problem, "peak")  # proven unless an output is deferred
     assert quick_lower_bound(problem) <= minimum.lower
     baselines = [schedule_from_stages(problem, build(problem)) for build in BASELINES.values()]
     for schedule in [*baselines, *segmentations(problem), offload(problem, 0)]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +61,20 @@ def check(name: str, exporter: str, folder: Path, time_limit: float) -> Outcome:
     return outcome
 
 
-def compare(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
-    """The checks of `check` on the exported `path`, filling `outcome`."""
-    model, inputs = module(name)
+@dataclass
+class BuiltStep:
+    """A training step as built, with the options and feeds it was built and run with, and its outputs."""
+    options: TrainingOptions
+    feeds: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+
+def check_built_step(build: Callable[[], tuple[torch.nn.Module, dict[str, torch.Tensor]]], path: Path,
+                     outcome: Outcome) -> BuiltStep:
+    """Fill `outcome` with the training step of the exported `path` against autograd in float64 on the module
+    `build` makes (with its named example inputs): loss and every gradient, PyTorch's own float32 error, parameters
+    the step gives no gradient; the step built in float64 where float32 exceeds what `outcome` allows."""
+    model, inputs = build()
     options = TrainingOptions(loss=LOSS, freeze=frozen_in(model, path))
     step = prepare(path, mode="train", training=options).proto
     label = next(i for i in step.graph.input if i.name == "label")
@@ -76,17 +89,23 @@ def compare(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
     if unwritten:
         outcome.errors.append(f"{len(unwritten)} parameters with a gradient in autograd have none in the step "
                               f"(first: {unwritten[0]})")
-    model32, _ = module(name)
+    model32, _ = build()
     torch_loss, torch_grads = autograd_step(model32, list(inputs.values()), LOSS, feeds["label"], torch.float32)
     outcome.torch_float32_error = max(gradient_errors(
         {"loss": np.array(torch_loss), **{GRAD_PREFIX + k: v for k, v in torch_grads.items()}}, loss, grads))
     if outcome.gradient_error > outcome.allowed_gradient_error():
         outcome.gradient_error = max(gradient_errors(float64_step_outputs(path, options, feeds), loss, grads))
         outcome.gradient_precision = "float64"
-    result, outcome.train_budget = rewritten_step(path, options, "min", time_limit)
+    return BuiltStep(options, feeds, built)
+
+
+def compare(name: str, path: Path, outcome: Outcome, time_limit: float) -> None:
+    """The checks of `check` on the exported `path`, filling `outcome`."""
+    step = check_built_step(lambda: module(name), path, outcome)
+    result, outcome.train_budget = rewritten_step(path, step.options, "min", time_limit)
     outcome.train_recomputes = recomputes(result.model)
-    rewritten = run(result.model, feeds)
-    outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in built.items())
+    rewritten = run(result.model, step.feeds)
+    outcome.train_difference = max(relative_difference(rewritten[k], v) for k, v in step.outputs.items())
 
 
 def unwritten_gradients(model: torch.nn.Module, built: dict[str, np.ndarray]) -> list[str]:

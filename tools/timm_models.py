@@ -28,27 +28,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 from command_rows import ALIGNMENT, HEADER, output_folder, report_path, row
-from hf_grads import training_feeds, unwritten_gradients
+from hf_grads import check_built_step
 from hf_models import ESCAPE, _stdout_to_stderr
 from real_model_zoo import import_torchvision
 from real_models import (
-    GRAD_PREFIX,
-    GRADIENT_TOLERANCE,
     Outcome,
-    autograd_step,
-    float64_step_outputs,
     frozen_in,
-    gradient_errors,
-    run,
 )
 from torch import nn
 
 from onnx_remat.core.errors import one_line
-from onnx_remat.pipeline import TrainingOptions, prepare
 
 BATCH, CLASSES, LOSS = 2, 10, "mse"
 EXPORTERS = ("legacy", "dynamo")
@@ -132,33 +124,16 @@ def export(name: str, exporter: str, path: Path) -> str:
     return ""
 
 
+def _with_named_input(model: nn.Module, image: torch.Tensor) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    return model, {"input": image}
+
+
 def check_gradients(name: str, exporter: str, path: Path) -> Outcome:
     """The training step's loss and gradients (mse on the logits) against autograd in float64; the step built in
     float64 where float32 exceeds twice PyTorch's own float32 error (or 1e-4)."""
     outcome = Outcome(name, exporter)
     try:
-        model, image = module(name)
-        options = TrainingOptions(loss=LOSS, freeze=frozen_in(model, path))
-        step = prepare(path, mode="train", training=options).proto
-        label = next(i for i in step.graph.input if i.name == "label")
-        feeds = training_feeds({"input": image}, tuple(d.dim_value for d in label.type.tensor_type.shape.dim))
-        built = run(step, feeds)
-        loss, grads = autograd_step(model, [image], LOSS, feeds["label"], torch.float64)
-        errors = gradient_errors(built, loss, grads)
-        outcome.gradient_error = max(errors)
-        outcome.gradients_compared = len(errors) - 1
-        outcome.gradients_written = sum(k.startswith(GRAD_PREFIX) for k in built)
-        unwritten = unwritten_gradients(model, built)
-        if unwritten:
-            outcome.errors.append(f"{len(unwritten)} parameters with a gradient in autograd have none in the step "
-                                  f"(first: {unwritten[0]})")
-        model32, _ = module(name)
-        torch_loss, torch_grads = autograd_step(model32, [image], LOSS, feeds["label"], torch.float32)
-        outcome.torch_float32_error = max(gradient_errors(
-            {"loss": np.array(torch_loss), **{GRAD_PREFIX + k: v for k, v in torch_grads.items()}}, loss, grads))
-        if outcome.gradient_error > GRADIENT_TOLERANCE:  # ill-conditioned (BatchNorm over few values): judge float64
-            outcome.gradient_error = max(gradient_errors(float64_step_outputs(path, options, feeds), loss, grads))
-            outcome.gradient_precision = "float64"
+        check_built_step(lambda: _with_named_input(*module(name)), path, outcome)
     except Exception as error:  # noqa: BLE001  # every failure, the tool's own or a traceback, is a row
         outcome.errors.append(f"{type(error).__name__}: {one_line(error)[:160]}")
     return outcome

@@ -429,13 +429,19 @@ def test_check_says_when_the_model_draws_random_values(tmp_path, capsys):
                               [helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.5]),
                                helper.make_tensor("training", TensorProto.BOOL, [], [True])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    err = _checked(model, tmp_path, capsys)
+    assert "draws random values in 1 node, the first 'drop' (Dropout)" in err
+
+
+def _checked(model: onnx.ModelProto, tmp_path, capsys) -> str:
+    """What `run --check` prints for `model` rewritten at keep-all; asserts both commands succeed."""
     onnx.save(model, tmp_path / "in.onnx")
     out = tmp_path / "out.onnx"
     assert main([str(tmp_path / "in.onnx"), str(out), "--budget", "100%", "-q"]) == 0
     code = main(["run", str(out), "--devices", "cpu", "--repeats", "1", "--check", "--no-measure-memory"])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "draws random values in 1 node, the first 'drop' (Dropout)" in err
+    return err
 
 
 def test_check_says_when_onnxruntime_adds_racily(tmp_path, capsys):
@@ -447,10 +453,5 @@ def test_check_says_when_onnxruntime_adds_racily(tmp_path, capsys):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
                               [helper.make_tensor("rows", TensorProto.INT64, [64, 1], [0] * 64)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    onnx.save(model, tmp_path / "in.onnx")
-    out = tmp_path / "out.onnx"
-    assert main([str(tmp_path / "in.onnx"), str(out), "--budget", "100%", "-q"]) == 0
-    code = main(["run", str(out), "--devices", "cpu", "--repeats", "1", "--check", "--no-measure-memory"])
-    err = capsys.readouterr().err
-    assert code == 0, err
+    err = _checked(model, tmp_path, capsys)
     assert "adds with ScatterND in 1 node, the first 'add_rows': onnxruntime's CPU kernel adds its rows" in err
